@@ -1,0 +1,93 @@
+"""What plain and Medusa decoding share: the request, stopping rules and per-call statistics."""
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from inference.errors import UserError
+from inference.sampling import Sampling
+
+
+@dataclass
+class DecodeStats:
+    """Per-call numbers; `accept_lengths` counts tokens emitted per step (1 = no speculation gain)."""
+
+    new_tokens: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    accept_lengths: Counter = field(default_factory=Counter)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "accept_lengths": {str(k): v for k, v in sorted(self.accept_lengths.items())},
+        }
+
+
+@dataclass
+class DecodeRequest:
+    input_ids: list[int]
+    max_new_tokens: int = 256
+    eos_token_ids: tuple[int, ...] = ()
+    sampling: Sampling = Sampling()
+    seed: int | None = None
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        if self.sampling.greedy:
+            return None
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.seed if self.seed is not None else torch.seed())
+        return generator
+
+
+def check_request(request: DecodeRequest, max_positions: int | None) -> None:
+    """Reject requests that cannot run, with a message that says what to change."""
+    if not request.input_ids:
+        raise UserError("the prompt is empty")
+    if request.max_new_tokens < 1:
+        raise UserError("--max_new_tokens must be at least 1")
+    total = len(request.input_ids) + request.max_new_tokens
+    if max_positions and total > max_positions:
+        raise UserError(
+            f"prompt ({len(request.input_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) = {total} "
+            f"exceeds the model's context of {max_positions} positions: shorten the prompt or lower --max_new_tokens"
+        )
+
+
+class StepEmitter:
+    """Applies the stopping rules to each step's tokens: cut after EOS, never exceed max_new_tokens."""
+
+    def __init__(self, request: DecodeRequest, stats: DecodeStats):
+        self.remaining = request.max_new_tokens
+        self.eos = set(request.eos_token_ids)
+        self.stats = stats
+        self.done = False
+        self.started = time.perf_counter()
+
+    def emit(self, tokens: list[int]) -> list[int]:
+        self.stats.steps += 1
+        self.stats.accept_lengths[len(tokens)] += 1
+        for i, token in enumerate(tokens):
+            if token in self.eos:
+                tokens, self.done = tokens[: i + 1], True
+                break
+        if len(tokens) >= self.remaining:
+            tokens, self.done = tokens[: self.remaining], True
+        self.remaining -= len(tokens)
+        self.stats.new_tokens += len(tokens)
+        self.stats.seconds = time.perf_counter() - self.started
+        return tokens

@@ -1,0 +1,41 @@
+"""Turning logits into tokens: greedy, or temperature / top-p sampling."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The distribution plain sampling draws from: softmax(logits / T), restricted to the top-p nucleus."""
+    probs = torch.softmax(logits.float() / max(sampling.temperature, 1e-5), dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= sampling.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def choose_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of `logits` [N, V]: argmax when greedy, else an independent draw per row."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(probabilities(logits, sampling), 1, generator=generator).squeeze(-1)

@@ -1,0 +1,91 @@
+"""Static tensors describing a Medusa tree, built once per (tree, device, dtype).
+
+Node 0 is the root (the token the base model already chose); node i > 0 is `tree[i-1]` in
+(depth, ranks) order. With `topk` candidates per head, the heads' proposals are flattened as
+`[root, head0 top-k..., head1 top-k..., ...]` and `tree_indices` picks each node's token from it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from medusa_choices import Tree, validate_tree
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    tree: Tree
+    topk: int  # candidates taken from each head (max rank + 1)
+    depth: int  # deepest level, = number of heads used
+    tree_indices: torch.Tensor  # [T] index into [root, head0 topk, head1 topk, ...]
+    position_offsets: torch.Tensor  # [1, T] depth of each node
+    retrieve_indices: torch.Tensor  # [P, depth+1] node ids along each root-to-leaf path, -1 padded
+    path_lengths: torch.Tensor  # [P] nodes on each path, root included
+    tree_mask: torch.Tensor  # [T, T] bool, node i may attend to node j (j is i or an ancestor of i)
+
+    @property
+    def size(self) -> int:
+        """Tokens verified per step (the root included)."""
+        return self.tree_indices.shape[0]
+
+
+def build_tree_buffers(tree: Tree, device: torch.device | str = "cpu") -> TreeBuffers:
+    paths = validate_tree(tree)
+    node_of = {(): 0} | {tuple(p): i + 1 for i, p in enumerate(paths)}
+    topk = max(max(p) for p in paths) + 1
+    depth = max(len(p) for p in paths)
+    size = len(paths) + 1
+
+    tree_indices = [0] + [1 + (len(p) - 1) * topk + p[-1] for p in paths]
+    offsets = [0] + [len(p) for p in paths]
+    mask = torch.eye(size, dtype=torch.bool)
+    for path in paths:
+        node = node_of[tuple(path)]
+        for d in range(len(path)):
+            mask[node, node_of[tuple(path[:d])]] = True
+
+    leaves = [p for p in paths if not any(len(q) == len(p) + 1 and q[:-1] == p for q in paths)]
+    retrieve = [[node_of[tuple(leaf[:d])] for d in range(len(leaf) + 1)] for leaf in leaves]
+    lengths = [len(r) for r in retrieve]
+    retrieve = [r + [-1] * (depth + 1 - len(r)) for r in retrieve]
+
+    def as_long(values):
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return TreeBuffers(
+        tree=paths,
+        topk=topk,
+        depth=depth,
+        tree_indices=as_long(tree_indices),
+        position_offsets=as_long(offsets).unsqueeze(0),
+        retrieve_indices=as_long(retrieve),
+        path_lengths=as_long(lengths),
+        tree_mask=mask.to(device),
+    )
+
+
+class TreeMask:
+    """The 4D attention mask of a tree step, preallocated once for the whole cache capacity.
+
+    Its last T columns hold the tree block and every column before it is visible, so the mask for a
+    step with `length` cached tokens is the view `buffer[..., capacity - length - T:]`: no per-step
+    allocation. Eager and SDPA attention ADD a float mask (0 visible, dtype min hidden); the NPU fused
+    kernel takes a bool mask where True means hidden.
+    """
+
+    def __init__(self, buffers: TreeBuffers, capacity: int, dtype: torch.dtype, additive: bool = True):
+        size = buffers.size
+        device = buffers.tree_mask.device
+        self.capacity = capacity
+        hidden = ~buffers.tree_mask
+        if additive:
+            self.buffer = torch.zeros((1, 1, size, capacity + size), dtype=dtype, device=device)
+            self.buffer[0, 0, :, capacity:] = torch.zeros(size, size, dtype=dtype, device=device).masked_fill(
+                hidden, torch.finfo(dtype).min
+            )
+        else:
+            self.buffer = torch.zeros((1, 1, size, capacity + size), dtype=torch.bool, device=device)
+            self.buffer[0, 0, :, capacity:] = hidden
+
+    def for_length(self, length: int) -> torch.Tensor:
+        return self.buffer[..., self.capacity - length :]

@@ -1,0 +1,93 @@
+"""Sparse Medusa candidate trees.
+
+A tree is a list of rank paths (the format of upstream FasterDecoding/Medusa): `[0, 2]` is the node
+reached by taking head 0's top-1 token, then head 1's top-3 token. The root (the token the base model
+already chose) is implicit. A valid tree is prefix-closed (every node's parent is in it) and no deeper
+than the number of Medusa heads.
+
+Tree sizes matter per device: on a GPU or NPU a 64-node verification costs about as much as one token,
+on a 2-core CPU a k-token forward costs ~1.4x a 1-token one at k=8 and ~2.3x at k=32, so small trees win.
+"""
+
+import json
+from pathlib import Path
+
+Tree = list[list[int]]
+
+# Upstream Medusa's trees, tuned on Vicuna/Zephyr (FasterDecoding/Medusa, Apache-2.0).
+# fmt: off
+mc_sim_7b_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]
+vicuna_7b_stage2 = [[0], [0, 0], [1], [0, 1], [0, 0, 0], [1, 0], [2], [0, 2], [0, 0, 1], [0, 3], [3], [0, 1, 0], [2, 0], [4], [0, 0, 2], [0, 4], [1, 1], [1, 0, 0], [0, 0, 0, 0], [5], [0, 0, 3], [0, 5], [0, 2, 0], [3, 0], [0, 1, 1], [0, 6], [6], [0, 7], [0, 0, 4], [4, 0], [1, 2], [0, 8], [7], [0, 3, 0], [0, 0, 0, 1], [0, 0, 5], [2, 1], [0, 0, 6], [1, 0, 1], [0, 0, 1, 0], [2, 0, 0], [5, 0], [0, 9], [0, 1, 2], [8], [0, 4, 0], [0, 2, 1], [1, 3], [0, 0, 7], [0, 0, 0, 2], [0, 0, 8], [1, 1, 0], [0, 1, 0, 0], [6, 0], [9], [0, 1, 3], [0, 0, 0, 3], [1, 0, 2], [0, 5, 0], [3, 1], [0, 0, 2, 0], [7, 0], [1, 4]]
+vicuna_13b_stage2 = [[0], [0, 0], [1], [0, 0, 0], [0, 1], [1, 0], [2], [0, 2], [0, 0, 1], [0, 1, 0], [3], [0, 3], [2, 0], [0, 0, 2], [0, 0, 0, 0], [0, 4], [1, 0, 0], [1, 1], [4], [0, 0, 3], [0, 5], [0, 2, 0], [5], [3, 0], [0, 1, 1], [0, 6], [0, 0, 4], [0, 0, 0, 1], [0, 7], [0, 0, 5], [1, 2], [0, 0, 1, 0], [0, 3, 0], [1, 0, 1], [4, 0], [0, 0, 6], [0, 8], [2, 0, 0], [0, 9], [6], [7], [2, 1], [5, 0], [0, 1, 2], [0, 0, 0, 2], [8], [0, 4, 0], [0, 1, 0, 0], [0, 2, 1], [0, 0, 7], [1, 1, 0], [1, 3], [0, 0, 2, 0], [9], [0, 0, 8], [0, 5, 0], [0, 0, 0, 3], [0, 0, 9], [0, 1, 3], [1, 0, 2], [0, 0, 1, 1], [3, 0, 0], [1, 0, 0, 0]]
+vicuna_33b_stage2 = [[0], [0, 0], [1], [0, 1], [0, 0, 0], [1, 0], [2], [0, 2], [0, 0, 1], [0, 3], [3], [0, 1, 0], [2, 0], [0, 4], [4], [0, 0, 2], [1, 1], [1, 0, 0], [0, 5], [5], [0, 0, 0, 0], [0, 0, 3], [3, 0], [0, 2, 0], [0, 6], [0, 1, 1], [6], [0, 0, 4], [0, 7], [7], [1, 2], [4, 0], [8], [0, 3, 0], [0, 0, 5], [0, 0, 0, 1], [0, 8], [2, 1], [0, 9], [1, 0, 1], [2, 0, 0], [0, 0, 6], [5, 0], [0, 0, 1, 0], [1, 3], [0, 1, 2], [0, 4, 0], [0, 0, 7], [0, 2, 1], [9], [1, 1, 0], [0, 0, 0, 2], [6, 0], [0, 0, 8], [0, 1, 0, 0], [7, 0], [0, 1, 3], [0, 5, 0], [1, 4], [0, 0, 9], [3, 1], [1, 0, 2], [2, 2]]
+zephyr_stage2 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [2, 0], [0, 0, 1], [0, 4], [5], [0, 5], [0, 1, 0], [1, 1], [6], [0, 0, 2], [3, 0], [0, 6], [7], [0, 7], [0, 8], [0, 0, 3], [1, 0, 0], [0, 9], [0, 2, 0], [1, 2], [4, 0], [8], [9], [2, 1], [0, 1, 1], [0, 0, 4], [0, 0, 0, 0], [5, 0], [0, 3, 0], [1, 3], [0, 0, 5], [0, 0, 6], [6, 0], [2, 0, 0], [1, 0, 1], [0, 1, 2], [0, 4, 0], [1, 4], [3, 1], [2, 2], [0, 0, 7], [7, 0], [0, 2, 1], [0, 0, 8], [0, 1, 3], [0, 5, 0], [1, 5], [0, 0, 9], [1, 1, 0], [0, 0, 0, 1], [0, 0, 1, 0], [4, 1], [2, 3]]
+# fmt: on
+
+# For 3-head OpenPangu heads: mc_sim_7b_63 without its depth-4 nodes (60 nodes).
+openpangu_3head = [path for path in mc_sim_7b_63 if len(path) <= 3]
+
+# Small trees for devices where every tree token costs (CPU): the first nodes of mc_sim_7b_63, which is
+# ordered by estimated acceptance, so each prefix is itself a good prefix-closed tree.
+tree_8 = mc_sim_7b_63[:8]
+tree_16 = mc_sim_7b_63[:16]
+tree_32 = mc_sim_7b_63[:32]
+
+
+def chain(depth: int) -> Tree:
+    """The top-1 path only: plain multi-token prediction, `depth` nodes."""
+    return [[0] * d for d in range(1, depth + 1)]
+
+
+NAMED_TREES: dict[str, Tree] = {
+    "mc_sim_7b_63": mc_sim_7b_63,
+    "vicuna_7b_stage2": vicuna_7b_stage2,
+    "vicuna_13b_stage2": vicuna_13b_stage2,
+    "vicuna_33b_stage2": vicuna_33b_stage2,
+    "zephyr_stage2": zephyr_stage2,
+    "openpangu_3head": openpangu_3head,
+    "tree_8": tree_8,
+    "tree_16": tree_16,
+    "tree_32": tree_32,
+    "chain_2": chain(2),
+    "chain_3": chain(3),
+    "chain_4": chain(4),
+}
+
+
+class TreeError(ValueError):
+    """A tree that cannot be verified: not prefix-closed, too deep, or malformed."""
+
+
+def validate_tree(tree: Tree, num_heads: int | None = None) -> Tree:
+    """Check and normalise a tree (list of lists of non-negative ints); returns it sorted by (depth, path)."""
+    if not isinstance(tree, (list, tuple)) or not tree:
+        raise TreeError("a Medusa tree must be a non-empty list of rank paths such as [[0], [0, 0], [1]]")
+    paths = []
+    for path in tree:
+        if not isinstance(path, (list, tuple)) or not path or not all(isinstance(r, int) and r >= 0 for r in path):
+            raise TreeError(f"tree node {path!r} is not a non-empty list of non-negative integer ranks")
+        paths.append(list(path))
+    seen = {tuple(p) for p in paths}
+    if len(seen) != len(paths):
+        raise TreeError("the tree lists a node more than once")
+    for path in paths:
+        if len(path) > 1 and tuple(path[:-1]) not in seen:
+            raise TreeError(f"the tree is not prefix-closed: node {path} has no parent {path[:-1]}")
+    depth = max(len(p) for p in paths)
+    if num_heads is not None and depth > num_heads:
+        raise TreeError(f"the tree is {depth} levels deep but there are only {num_heads} Medusa heads")
+    return sorted(paths, key=lambda p: (len(p), p))
+
+
+def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree:
+    """A named tree from this module, or a JSON file (a list of paths, or {"tree": [...]})."""
+    if name_or_file in NAMED_TREES:
+        return validate_tree(NAMED_TREES[name_or_file], num_heads)
+    path = Path(name_or_file)
+    if not path.is_file():
+        raise TreeError(f"unknown tree {name_or_file!r}: use one of {', '.join(NAMED_TREES)} or a JSON file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise TreeError(f"{path} is not valid JSON: {error}") from None
+    return validate_tree(data["tree"] if isinstance(data, dict) and "tree" in data else data, num_heads)

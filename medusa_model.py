@@ -179,3 +179,103 @@ def save_heads(heads: MedusaHeads, directory: str | os.PathLike, combined: bool 
     (directory / (COMBINED_CONFIG if combined else "config.json")).write_text(
         json.dumps(heads.config.to_dict(), indent=2) + "\n"
     )
+
+
+def default_tree_name(device_type: str, num_heads: int) -> str:
+    """Small trees where tree tokens cost real time (CPU); upstream's 63-node tree on accelerators."""
+    if device_type == "cpu":
+        return "tree_8"
+    return "mc_sim_7b_63" if num_heads >= 4 else "openpangu_3head"
+
+
+class MedusaModel(nn.Module):
+    """A base causal LM plus Medusa heads; `medusa_generate` decodes with tree verification."""
+
+    def __init__(self, base_model: nn.Module, heads: MedusaHeads, tokenizer=None, tree=None):
+        super().__init__()
+        from inference.medusa_decoding import MedusaDecoder
+
+        self.base_model = base_model
+        self.medusa_head = heads.to(device=base_model.device, dtype=base_model.dtype)
+        self.tokenizer = tokenizer
+        self.decoder = MedusaDecoder(base_model, self.medusa_head)
+        self.tree = tree if tree is not None else self._configured_tree()
+
+    @property
+    def config(self):
+        return self.base_model.config
+
+    def _configured_tree(self):
+        from medusa_choices import load_tree
+
+        configured = self.medusa_head.config.medusa_choices
+        if isinstance(configured, list):
+            return configured
+        name = configured or default_tree_name(self.base_model.device.type, self.medusa_head.num_heads)
+        return [p for p in load_tree(name) if len(p) <= self.medusa_head.num_heads]
+
+    @classmethod
+    def untrained(cls, base_model: nn.Module, num_heads: int = 4, num_layers: int = 1,
+                  layout: str = "shared_lm_head", tokenizer=None) -> "MedusaModel":
+        """Fresh heads (identity ResBlocks): correct output at about one token per step; a start for training."""
+        config = MedusaConfig(num_heads, num_layers, layout, base_model.config.hidden_size,
+                              base_model.config.vocab_size, getattr(base_model.config, "_name_or_path", None))
+        heads = MedusaHeads(config, base_model.config.hidden_size, base_model.config.vocab_size)
+        heads.init_from_lm_head(base_model.lm_head)
+        return cls(base_model, heads, tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, base_model: str | None, medusa: str | None = None, device: str = "auto",
+                        dtype: str = "auto", tree=None) -> "MedusaModel":
+        """Base and heads from separate directories / Hub ids, or one combined directory (`medusa=None`).
+
+        When `base_model` is a heads-only directory, its `base_model_name_or_path` names the base.
+        """
+        from inference.devices import resolve_device, resolve_dtype
+        from inference.loading import load_base, resolve_model_dir
+
+        torch_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, torch_device)
+        heads_dir = resolve_model_dir(medusa) if medusa else None
+        if heads_dir is None and base_model is not None:
+            candidate = resolve_model_dir(base_model)
+            config = read_medusa_config(candidate)
+            if config is None:
+                raise MedusaLoadError(f"{base_model} holds no Medusa heads: pass the heads directory as `medusa`")
+            heads_dir = candidate
+            if not (candidate / "model.safetensors").exists() and not (candidate / "model.safetensors.index.json").exists():
+                base_model = config.base_model_name_or_path  # a heads-only directory
+        if heads_dir is None:
+            raise MedusaLoadError("no Medusa heads given: pass a heads directory or a combined directory")
+        model, tokenizer, _ = load_base(base_model, torch_device, torch_dtype)
+        heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
+        return cls(model, heads, tokenizer, tree)
+
+    def save_pretrained(self, directory: str | os.PathLike, combined: bool = False) -> None:
+        """Heads only (config.json + medusa_lm_head.safetensors), or base + heads in one directory."""
+        if combined:
+            self.base_model.save_pretrained(directory)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(directory)
+        save_heads(self.medusa_head, directory, combined=combined)
+
+    def medusa_generate(self, input_ids, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                        acceptance: str | None = None, posterior_threshold: float = 0.09,
+                        posterior_alpha: float = 0.3, eos_token_id=None, seed: int | None = None, tree=None,
+                        stats=None):
+        """Yield lists of new token ids, one list per verification step (batch size 1)."""
+        from inference.decoding import DecodeRequest
+        from inference.medusa_decoding import Acceptance
+        from inference.sampling import Sampling
+
+        ids = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
+        if ids and isinstance(ids[0], list):
+            if len(ids) != 1:
+                raise ValueError(f"Medusa decoding supports batch size 1, got {len(ids)} sequences")
+            ids = ids[0]
+        if eos_token_id is None:
+            eos_token_id = self.base_model.generation_config.eos_token_id
+        eos = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id or ())
+        rule = acceptance or ("greedy" if temperature == 0 else "sample")
+        request = DecodeRequest(ids, max_new_tokens, eos, Sampling(temperature, top_p), seed)
+        return self.decoder.decode(request, tree or self.tree, Acceptance(rule, posterior_threshold, posterior_alpha), stats)

@@ -20,6 +20,10 @@ DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_NAME = "SmolLM2-135M-Instruct"
 
 
+# Heads trained for the demo model by train/ (see its card); committed because they are small.
+DEMO_HEADS_DIR = Path(__file__).resolve().parent.parent / "train" / "demo_heads"
+
+
 def cache_home() -> Path:
     return Path(os.environ.get("OPENPANGU_MEDUSA_HOME", Path.home() / ".cache" / "openpangu-medusa"))
 

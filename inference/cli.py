@@ -1,0 +1,178 @@
+"""Everything the plain and Medusa command lines share: arguments, prompt modes, output, errors."""
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from inference.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
+from inference.decoding import DecodeRequest, DecodeStats
+from inference.devices import resolve_device, resolve_dtype, set_threads
+from inference.errors import UserError
+from inference.loading import is_pangu
+from inference.sampling import Sampling
+
+Decode = Callable[[DecodeRequest, DecodeStats], Iterator[list[int]]]
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = parser.add_argument_group("model and hardware")
+    model.add_argument("--base_model", help="model directory or Hub repo id (default: the embedded demo model, "
+                       "SmolLM2-135M-Instruct, prepared on first use)")
+    model.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | npu[:N]; auto prefers npu, then cuda")
+    model.add_argument("--dtype", default="auto", help="auto | bf16 | fp16 | fp32 (auto = bf16)")
+    model.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    prompts = parser.add_argument_group("prompts (one of)")
+    mode = prompts.add_mutually_exclusive_group()
+    mode.add_argument("--prompt", help="one user message")
+    mode.add_argument("--prompts", metavar="FILE.jsonl",
+                      help="one JSON object per line with 'prompt', or MT-Bench style 'turns'; one result per line")
+    mode.add_argument("--interactive", action="store_true", help="multi-turn chat; /clear resets, /exit or Ctrl-D quits")
+    prompts.add_argument("--system", help="system message")
+    prompts.add_argument("--no_think", action="store_true", help="OpenPangu: answer without a thinking section")
+    gen = parser.add_argument_group("generation")
+    gen.add_argument("--max_new_tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    gen.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass when sampling")
+    gen.add_argument("--seed", type=int, help="random seed when sampling")
+    out = parser.add_argument_group("output")
+    out.add_argument("--stream", action="store_true", help="print text as it is generated")
+    out.add_argument("--json", action="store_true",
+                     help="one JSON object per prompt: text, token_ids, new_tokens, seconds, tokens_per_second, ...")
+    return parser
+
+
+@dataclass
+class Session:
+    model: object
+    tokenizer: object
+    decode: Decode
+    args: argparse.Namespace
+    extra_fields: Callable[[DecodeStats], dict] = lambda stats: {}
+
+    @property
+    def pangu(self) -> bool:
+        return is_pangu(self.model)
+
+    def eos_ids(self) -> tuple[int, ...]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return tuple(sorted(set(ids)))
+
+    def generate(self, messages: list[dict], stream: bool) -> dict:
+        """Run one reply; print it as it streams when asked; return the JSON record."""
+        args = self.args
+        ids = prompt_ids(self.tokenizer, messages, no_think=args.no_think)
+        request = DecodeRequest(ids, args.max_new_tokens, self.eos_ids(), Sampling(args.temperature, args.top_p), args.seed)
+        stats = DecodeStats()
+        text = IncrementalText(self.tokenizer, skip_special_tokens=not self.pangu)
+        new_ids: list[int] = []
+        try:
+            for step in self.decode(request, stats):
+                new_ids.extend(step)
+                if stream:
+                    print(stream_filter(text.push(step), self.pangu), end="", flush=True)
+        except KeyboardInterrupt:
+            if not stream:
+                raise
+            print("\n[interrupted]", file=sys.stderr)
+        if stream:
+            print(flush=True)
+        thinking, answer = display_text(self.tokenizer, new_ids, self.pangu)
+        record = {"text": answer, "token_ids": new_ids, **stats.to_dict(), **self.extra_fields(stats)}
+        if thinking is not None:
+            record["thinking"] = thinking
+        return record
+
+
+def _print_record(record: dict, session: Session, streamed: bool) -> None:
+    if session.args.json:
+        print(json.dumps(record, ensure_ascii=False), flush=True)
+        return
+    if not streamed:
+        if record.get("thinking"):
+            print(f"<think>\n{record['thinking']}\n</think>")
+        print(record["text"], flush=True)
+    line = f"[{record['new_tokens']} tokens in {record['seconds']:.2f} s, {record['tokens_per_second']:.1f} tok/s"
+    if "tree_tokens" in record:
+        line += f", {record['tokens_per_step']:.2f} tokens/step"
+    print(line + "]", file=sys.stderr)
+
+
+def _messages(system: str | None) -> list[dict]:
+    return [{"role": "system", "content": system}] if system else []
+
+
+def run_prompts(session: Session, items: list[dict]) -> None:
+    """Each item's turns are asked in order, each answer joining the history (MT-Bench style)."""
+    for item in items:
+        messages = _messages(session.args.system)
+        results = []
+        for turn in item["turns"]:
+            messages.append({"role": "user", "content": turn})
+            record = session.generate(messages, stream=session.args.stream and not session.args.json)
+            messages.append({"role": "assistant", "content": record["text"]})
+            results.append(record)
+        if session.args.json:
+            meta = {k: v for k, v in item.items() if k != "turns"}
+            print(json.dumps({**meta, **(results[0] if len(results) == 1 else {"turns": results})}, ensure_ascii=False))
+        else:
+            for record in results:
+                _print_record(record, session, streamed=session.args.stream)
+
+
+def run_interactive(session: Session) -> None:
+    print("Chat with the model. /clear starts over, /exit (or Ctrl-D) quits.", file=sys.stderr)
+    messages = _messages(session.args.system)
+    while True:
+        try:
+            user = input("\nYou: ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        if not user:
+            continue
+        if user in ("/exit", "/quit"):
+            return
+        if user == "/clear":
+            messages = _messages(session.args.system)
+            print("(history cleared)", file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": user})
+        print("Assistant: ", end="", flush=True)
+        record = session.generate(messages, stream=True)
+        messages.append({"role": "assistant", "content": record["text"]})
+        _print_record(record, session, streamed=True)
+
+
+def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Namespace, object, object], Session],
+            argv: list[str] | None = None) -> int:
+    """Parse, load, run; bad input is one line on stderr and exit status 2, never a traceback."""
+    args = parser.parse_args(argv)
+    try:
+        Sampling(args.temperature, args.top_p)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        set_threads(args.threads)
+        device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
+        session = make_session(args, device, dtype)
+        if args.interactive:
+            run_interactive(session)
+        elif args.prompts:
+            run_prompts(session, read_prompts(args.prompts))
+        else:
+            prompt = args.prompt or "Explain speculative decoding in two sentences."
+            run_prompts(session, [{"turns": [prompt]}])
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    return 0

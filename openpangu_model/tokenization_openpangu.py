@@ -59,6 +59,11 @@ class PanguTokenizer(SentencePieceBackend):
             **kwargs,
         )
 
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        # SentencePiece itself knows its whitespace and byte-fallback pieces; the generic join would
+        # strip real leading spaces and print byte pieces like <0x5F> verbatim.
+        return self.sp_model.decode(tokens)
+
     def build_inputs_with_special_tokens(
         self, token_ids_0: list[int], token_ids_1: list[int] | None = None
     ) -> list[int]:

@@ -42,6 +42,9 @@ def train_sentencepiece(path: Path, vocab_size: int = 512) -> Path:
         eos_id=2,
         pad_id=-1,
         character_coverage=1.0,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
         hard_vocab_limit=False,
         minloglevel=2,
     )
@@ -94,6 +97,7 @@ def tiny_config(vocab_size: int = 512, **overrides) -> PanguEmbeddedConfig:
         rope_theta=1.6e7,
         bias=True,
         eos_token_id=None,
+        initializer_range=0.1,  # at 0.02 a random model repeats one token forever
     )
     values.update(overrides)
     return PanguEmbeddedConfig(**values)

@@ -1,0 +1,64 @@
+"""Shared pieces of the Medusa tests: prompts, references and heads fitted to a model's own outputs."""
+
+import torch
+
+from inference.decoding import DecodeRequest
+from inference.plain_decoding import plain_decode
+from medusa_model import MedusaConfig, MedusaHeads
+
+
+def random_prompts(vocab_size: int, count: int = 8, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 24, (count,), generator=generator).tolist()
+    return [[1] + torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos=()) -> list[int]:
+    return [t for step in plain_decode(model, DecodeRequest(prompt, max_new_tokens, tuple(eos))) for t in step]
+
+
+def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, layout: str = "shared_lm_head"):
+    torch.manual_seed(seed)
+    c = model.config
+    heads = MedusaHeads(MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size), c.hidden_size, c.vocab_size)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=std)
+    return heads.to(model.dtype)
+
+
+@torch.no_grad()
+def _hidden_states(model, sequence: list[int]) -> torch.Tensor:
+    return model.model(input_ids=torch.tensor([sequence])).last_hidden_state[0]
+
+
+def fit_heads(model, prompts: list[list[int]], max_new_tokens: int, num_heads: int = 4, steps: int = 300,
+              seed: int = 0) -> MedusaHeads:
+    """Train own-lm_head heads on the model's greedy continuations: head i at position t -> token t+2+i."""
+    torch.manual_seed(seed)
+    c = model.config
+    heads = MedusaHeads(MedusaConfig(num_heads, 1, "own_lm_head", c.hidden_size, c.vocab_size), c.hidden_size, c.vocab_size)
+    heads.init_from_lm_head(model.lm_head)
+    inputs, targets = [], []
+    for prompt in prompts:
+        sequence = prompt + plain_greedy(model, prompt, max_new_tokens)
+        hidden = _hidden_states(model, sequence)
+        for t in range(len(prompt) - 1, len(sequence) - 2):
+            inputs.append(hidden[t])
+            targets.append([sequence[t + 2 + i] if t + 2 + i < len(sequence) else -100 for i in range(num_heads)])
+    x, y = torch.stack(inputs), torch.tensor(targets)
+    optimizer = torch.optim.Adam(heads.parameters(), lr=3e-3)
+    for _ in range(steps):
+        logits = heads(x, model.lm_head)  # [heads, N, V]
+        loss = sum(torch.nn.functional.cross_entropy(logits[i], y[:, i], ignore_index=-100) for i in range(num_heads))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return heads.eval()

@@ -1,0 +1,103 @@
+"""Greedy Medusa decoding is token-for-token identical to plain greedy decoding (fp32)."""
+
+import pytest
+import torch
+
+from inference.decoding import DecodeRequest, DecodeStats
+from inference.medusa_decoding import MedusaDecoder
+from medusa_choices import load_tree
+from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts
+
+TREES = ["mc_sim_7b_63", "chain_4", "tree_16"]
+NEW_TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_pangu):
+    model = tiny_pangu[1]
+    prompts = random_prompts(model.config.vocab_size)
+    references = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+    return model, prompts, references
+
+
+@pytest.fixture(scope="module")
+def tiny_fitted_heads(tiny):
+    model, prompts, _ = tiny
+    return fit_heads(model, prompts, NEW_TOKENS)
+
+
+def medusa_ids(decoder, prompt, tree, max_new_tokens=NEW_TOKENS, eos=(), stats=None):
+    request = DecodeRequest(prompt, max_new_tokens, tuple(eos))
+    return [t for step in decoder.decode(request, load_tree(tree), stats=stats) for t in step]
+
+
+def test_plain_decoding_matches_hf_generate(tiny):
+    model, prompts, references = tiny
+    assert [plain_greedy(model, p, NEW_TOKENS) for p in prompts] == references
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_tiny_pangu_random_heads_equal_hf_greedy(tiny, tree):
+    model, prompts, references = tiny
+    decoder = MedusaDecoder(model, random_heads(model))
+    assert [medusa_ids(decoder, p, tree) for p in prompts] == references
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_tiny_pangu_fitted_heads_accept_several_tokens_and_equal_hf_greedy(tiny, tiny_fitted_heads, tree):
+    model, prompts, references = tiny
+    decoder = MedusaDecoder(model, tiny_fitted_heads)
+    stats = [DecodeStats() for _ in prompts]
+    assert [medusa_ids(decoder, p, tree, stats=s) for p, s in zip(prompts, stats)] == references
+    tokens_per_step = sum(s.new_tokens for s in stats) / sum(s.steps for s in stats)
+    assert tokens_per_step > 2.0
+    assert max(max(s.accept_lengths) for s in stats) >= 4
+
+
+def first_occurrence_inside_a_chunk(steps: list[list[int]]) -> int | None:
+    """A token whose first occurrence is inside a multi-token step, not at its end."""
+    produced = [t for s in steps for t in s]
+    start = 0
+    for step in steps:
+        for j, token in enumerate(step[:-1]):
+            if produced.index(token) == start + j:
+                return token
+        start += len(step)
+    return None
+
+
+def test_eos_inside_an_accepted_chunk_truncates_there(tiny, tiny_fitted_heads):
+    model, prompts, references = tiny
+    decoder = MedusaDecoder(model, tiny_fitted_heads)
+    for prompt, reference in zip(prompts, references):
+        eos = first_occurrence_inside_a_chunk(list(decoder.decode(DecodeRequest(prompt, NEW_TOKENS), load_tree("chain_4"))))
+        if eos is not None:
+            expected = reference[: reference.index(eos) + 1]
+            assert len(expected) < NEW_TOKENS
+            assert medusa_ids(decoder, prompt, "chain_4", eos=[eos]) == expected
+            assert plain_greedy(model, prompt, NEW_TOKENS, eos=[eos]) == expected
+            return
+    pytest.fail("no multi-token step found to place an EOS in")
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 7, 50])
+def test_max_new_tokens_is_exact_also_within_a_chunk(tiny, tiny_fitted_heads, max_new_tokens):
+    model, prompts, references = tiny
+    decoder = MedusaDecoder(model, tiny_fitted_heads)
+    out = medusa_ids(decoder, prompts[0], "mc_sim_7b_63", max_new_tokens=max_new_tokens)
+    assert out == references[0][:max_new_tokens]
+
+
+def test_demo_model_greedy_equal_hf_for_three_trees(demo_model):
+    model, tokenizer = demo_model
+    questions = [
+        "What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
+        "Explain what a CPU does.", "Translate 'good morning' to Spanish.", "What is 12 times 7?",
+        "Give me a tip for learning Python.", "Why is the sky blue?",
+    ]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"] for q in questions]
+    references = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+    decoder = MedusaDecoder(model, random_heads(model, std=0.02))
+    for tree in ["mc_sim_7b_63", "chain_2", "tree_8"]:
+        assert [medusa_ids(decoder, p, tree) for p in prompts] == references, tree

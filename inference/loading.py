@@ -89,6 +89,7 @@ def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype):
         directory, name = prepare_demo_model(), f"{DEMO_NAME} (embedded demo model)"
     else:
         directory, name = resolve_model_dir(base_model), base_model
+    _check_causal_lm(directory)
     tokenizer = load_tokenizer(directory)
     model = load_causal_lm(directory, device, dtype)
     print(f"Model: {name} | device {device} | dtype {str(dtype).removeprefix('torch.')}", file=sys.stderr)

@@ -24,10 +24,21 @@ class FakeNpu:
     def synchronize(self, device=None):
         self.synchronized.append(device)
 
+    # torch.manual_seed seeds every registered device module through these.
+    def manual_seed_all(self, seed):
+        pass
+
+    def _is_in_bad_fork(self):
+        return False
+
 
 @pytest.fixture
 def fake_torch_npu(monkeypatch):
-    """Install a fake torch_npu that, like the real one, names the privateuse1 backend 'npu'."""
+    """Install a fake torch_npu that, like the real one, names the privateuse1 backend 'npu'.
+
+    The backend name cannot be undone, so afterwards `torch.npu` stays registered as an NPU module
+    with no devices (other code, e.g. optimizers, probes the privateuse1 module once it is named).
+    """
 
     def install(count: int = 1, import_error: Exception | None = None):
         module = types.ModuleType("torch_npu")
@@ -39,10 +50,11 @@ def fake_torch_npu(monkeypatch):
             torch.utils.rename_privateuse1_backend("npu")
         npu = FakeNpu(count)
         monkeypatch.setitem(sys.modules, "torch_npu", module)
-        monkeypatch.setattr(torch, "npu", npu, raising=False)
+        torch.npu = npu
         return npu
 
-    return install
+    yield install
+    torch.npu = FakeNpu(0)
 
 
 @pytest.fixture

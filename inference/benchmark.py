@@ -1,0 +1,241 @@
+"""Plain decoding vs Medusa, measured side by side on the same model, prompts and settings.
+
+    python inference/benchmark.py --threads 2 --max_new_tokens 64,256 --runs 3 --out bench.json
+
+Both decoders use the same model, dtype, device, threads, max_new_tokens and stopping rule (EOS for
+both, or --ignore_eos for both), the same KV cache and the same forward; both are warmed up, timed
+with device synchronisation, repeated --runs times (interleaved) and reported as medians. Tokens are
+counted from ids. Greedy outputs are compared token for token (must be identical in fp32).
+
+Metrics: tokens/s of both and speed-up; tau = tokens per Medusa verification step (prefill excluded);
+ms per Medusa step and ms per plain token (decode phase only); overhead = step time / token time.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from inference.chat import prompt_ids, read_prompts
+from inference.decoding import DecodeRequest, DecodeStats
+from inference.devices import resolve_device, resolve_dtype, set_threads, synchronize
+from inference.errors import UserError
+from inference.medusa_generate import load_medusa
+from inference.plain_decoding import plain_decode
+
+BUILTIN_PROMPTS = Path(__file__).with_name("benchmark_prompts.jsonl")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
+    parser.add_argument("--medusa_dir", help="heads directory (default: the demo heads, else untrained heads)")
+    parser.add_argument("--medusa_choices", help="tree name or JSON file (default: the heads' tree / per device)")
+    parser.add_argument("--prompts", help="jsonl with 'prompt', MT-Bench 'turns' (first turn) or ShareGPT "
+                        "'conversations'; optional 'category' (default: the built-in mixed set)")
+    parser.add_argument("--num_prompts", type=int, help="use the first N prompts")
+    parser.add_argument("--max_new_tokens", default="128", help="one length or a comma-separated sweep, e.g. 64,256,1024")
+    parser.add_argument("--runs", type=int, default=3, help="timed repetitions per prompt (medians reported)")
+    parser.add_argument("--ignore_eos", action="store_true", help="always generate max_new_tokens (both decoders)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, help="CPU threads (pin it: a busy second process skews timings)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
+    return parser.parse_args(argv)
+
+
+def load_benchmark_prompts(path: str | None, limit: int | None) -> list[dict]:
+    """[{prompt, category}]; ShareGPT files use their first human turn, MT-Bench files their first turn."""
+    if path and Path(path).is_file() and Path(path).read_text(encoding="utf-8").lstrip().startswith("["):
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        items = [
+            {"prompt": turn["value"], "category": "sharegpt"}
+            for record in data
+            for turn in record.get("conversations", [])[:1]
+            if turn.get("from") == "human" and turn.get("value", "").strip()
+        ]
+    else:
+        items = [{"prompt": item["turns"][0], "category": item.get("category", "all")}
+                 for item in read_prompts(path or str(BUILTIN_PROMPTS))]
+    if limit:
+        items = items[:limit]
+    if not items:
+        raise UserError("no prompts to benchmark")
+    return items
+
+
+def timed(decode, device) -> tuple[list[int], DecodeStats, float, float]:
+    """(ids, stats, total seconds, decode-phase seconds after the first token), device-synchronised."""
+    stats = DecodeStats()
+    ids: list[int] = []
+    synchronize(device)
+    start = time.perf_counter()
+    first = None
+    for step in decode(stats):
+        ids.extend(step)
+        if first is None:
+            synchronize(device)
+            first = time.perf_counter()
+    synchronize(device)
+    end = time.perf_counter()
+    return ids, stats, end - start, end - first
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Aggregate per-prompt medians: totals over prompts, so long answers weigh as they cost."""
+    tokens = sum(r["tokens"] for r in rows)
+    base_s, med_s = sum(r["baseline_seconds"] for r in rows), sum(r["medusa_seconds"] for r in rows)
+    decode_tokens = sum(r["tokens"] - 1 for r in rows)
+    steps = sum(r["medusa_steps"] - 1 for r in rows)
+    ms_step = 1000 * sum(r["medusa_decode_seconds"] for r in rows) / max(steps, 1)
+    ms_token = 1000 * sum(r["baseline_decode_seconds"] for r in rows) / max(decode_tokens, 1)
+    return {
+        "prompts": len(rows),
+        "new_tokens": tokens,
+        "baseline_tokens_per_second": round(tokens / base_s, 3),
+        "medusa_tokens_per_second": round(tokens / med_s, 3),
+        "speedup": round(base_s / med_s, 4),
+        "tokens_per_step": round(decode_tokens / max(steps, 1), 4),
+        "ms_per_medusa_step": round(ms_step, 3),
+        "ms_per_plain_token": round(ms_token, 3),
+        "overhead": round(ms_step / ms_token, 4),
+        "outputs_identical": round(sum(r["identical"] for r in rows) / len(rows), 4),
+    }
+
+
+def print_table(results: dict, file=None) -> None:
+    file = file or sys.stdout
+    header = f"{'max_new':>8} {'prompts':>7} {'tokens':>7} {'plain tok/s':>11} {'medusa tok/s':>12} {'speedup':>8} " \
+             f"{'tau':>6} {'ms/step':>8} {'ms/token':>8} {'overhead':>8} {'identical':>9}"
+    print(header, file=file)
+
+    def line(label, r):
+        print(f"{label:>8} {r['prompts']:>7} {r['new_tokens']:>7} {r['baseline_tokens_per_second']:>11.2f} "
+              f"{r['medusa_tokens_per_second']:>12.2f} {r['speedup']:>7.3f}x {r['tokens_per_step']:>6.3f} "
+              f"{r['ms_per_medusa_step']:>8.2f} {r['ms_per_plain_token']:>8.2f} {r['overhead']:>8.3f} "
+              f"{r['outputs_identical']:>9.2f}", file=file)
+
+    for r in results["by_length"]:
+        line(str(r["max_new_tokens"]), r)
+    line("all", results)
+    if len(results["by_category"]) > 1:
+        print(f"\n{'category':>14} {'prompts':>7} {'speedup':>8} {'tau':>6}", file=file)
+        for r in results["by_category"]:
+            print(f"{r['category']:>14} {r['prompts']:>7} {r['speedup']:>7.3f}x {r['tokens_per_step']:>6.3f}", file=file)
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = [r["max_new_tokens"] for r in results["by_length"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(lengths, [r["speedup"] for r in results["by_length"]], "o-", label="speed-up (x)")
+    ax.plot(lengths, [r["tokens_per_step"] for r in results["by_length"]], "s-", label="tokens per step (tau)")
+    ax.plot(lengths, [r["overhead"] for r in results["by_length"]], "^--", label="step overhead (x)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("max_new_tokens")
+    ax.set_title(f"Medusa vs plain decoding: {results['config']['model']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    lengths = sorted({int(x) for x in str(args.max_new_tokens).split(",") if x.strip()})
+    if not lengths or min(lengths) < 1 or args.runs < 1:
+        raise UserError("--max_new_tokens needs positive lengths and --runs at least 1")
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    medusa = load_medusa(args, device, dtype)
+    model, tokenizer = medusa.base_model, medusa.tokenizer
+    prompts = load_benchmark_prompts(args.prompts, args.num_prompts)
+    eos = () if args.ignore_eos else tuple({model.generation_config.eos_token_id, tokenizer.eos_token_id} - {None})
+    ids = [prompt_ids(tokenizer, [{"role": "user", "content": p["prompt"]}]) for p in prompts]
+
+    def plain(request):
+        return lambda stats: plain_decode(model, request, stats)
+
+    def spec(request):
+        return lambda stats: medusa.decoder.decode(request, medusa.tree, stats=stats)
+
+    warm = DecodeRequest(ids[0], 16, eos)
+    for decode in (plain(warm), spec(warm)):
+        timed(decode, device)
+
+    rows = []
+    progress = tqdm(total=len(lengths) * len(prompts) * args.runs * 2, desc="benchmark", unit="run", file=sys.stderr)
+    for length in lengths:
+        for prompt, prompt_ids_ in zip(prompts, ids):
+            request = DecodeRequest(prompt_ids_, length, eos)
+            samples = defaultdict(list)
+            for run_index in range(args.runs):
+                order = (("baseline", plain), ("medusa", spec))
+                for name, make in order if run_index % 2 == 0 else order[::-1]:
+                    out, stats, total, decode_s = timed(make(request), device)
+                    samples[name].append((total, decode_s, out, stats))
+                    progress.update()
+            base_out, med_out = samples["baseline"][0][2], samples["medusa"][0][2]
+            rows.append({
+                "max_new_tokens": length,
+                "category": prompt["category"],
+                "tokens": len(med_out),
+                "baseline_tokens": len(base_out),
+                "identical": base_out == med_out,
+                "baseline_seconds": statistics.median(s[0] for s in samples["baseline"]),
+                "baseline_decode_seconds": statistics.median(s[1] for s in samples["baseline"]),
+                "medusa_seconds": statistics.median(s[0] for s in samples["medusa"]),
+                "medusa_decode_seconds": statistics.median(s[1] for s in samples["medusa"]),
+                "medusa_steps": samples["medusa"][0][3].steps,
+            })
+    progress.close()
+    results = summarise(rows)
+    results["by_length"] = [{"max_new_tokens": n, **summarise([r for r in rows if r["max_new_tokens"] == n])}
+                            for n in lengths]
+    categories = sorted({r["category"] for r in rows})
+    results["by_category"] = [{"category": c, **summarise([r for r in rows if r["category"] == c])} for c in categories]
+    results["config"] = {
+        "command": " ".join(sys.argv),
+        "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
+        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+        "tree_tokens": len(medusa.tree) + 1, "heads": medusa.medusa_head.num_heads,
+        "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
+    }
+    results["rows"] = rows
+    return results
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        results = run(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: no results written", file=sys.stderr)
+        return 130
+    print_table(results)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, args.plot or str(Path(args.out).with_suffix(".png")))
+    elif args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

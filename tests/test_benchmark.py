@@ -1,0 +1,38 @@
+import json
+
+from inference import benchmark
+from medusa_helpers import random_heads
+from medusa_model import save_heads
+
+TOP_KEYS = {"speedup", "tokens_per_step", "overhead", "outputs_identical", "baseline_tokens_per_second",
+            "medusa_tokens_per_second", "by_length"}
+
+
+def test_benchmark_writes_json_table_and_plot(tiny_pangu, tmp_path, capsys):
+    directory, model = tiny_pangu
+    save_heads(random_heads(model, num_heads=4), tmp_path / "heads")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "one", "category": "chat"}\n{"prompt": "two", "category": "code"}\n'
+                       '{"turns": ["three", "ignored"], "category": "code"}\n')
+    out = tmp_path / "bench.json"
+    code = benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"),
+                           "--medusa_choices", "tree_16", "--prompts", str(prompts), "--max_new_tokens", "8,24",
+                           "--runs", "2", "--dtype", "fp32", "--ignore_eos", "--out", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert TOP_KEYS <= set(results)
+    assert [r["max_new_tokens"] for r in results["by_length"]] == [8, 24]
+    assert all(TOP_KEYS - {"by_length"} <= set(r) for r in results["by_length"])
+    assert results["outputs_identical"] == 1.0
+    assert results["new_tokens"] == 3 * (8 + 24)  # --ignore_eos: every prompt runs to the limit
+    assert {r["category"] for r in results["by_category"]} == {"chat", "code"}
+    assert out.with_suffix(".png").stat().st_size > 1000
+    table = capsys.readouterr().out
+    assert "speedup" in table and "overhead" in table and "category" in table
+
+
+def test_sharegpt_file_uses_first_human_turn(tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]},
+                                {"conversations": [{"from": "gpt", "value": "skip"}]}]))
+    assert benchmark.load_benchmark_prompts(str(path), None) == [{"prompt": "hi", "category": "sharegpt"}]

@@ -1,0 +1,138 @@
+"""Head files (both layouts, strict loading), tree validation and tree buffers."""
+
+import json
+
+import pytest
+import torch
+
+from inference.decoding import DecodeRequest
+from inference.tree_buffers import TreeMask, build_tree_buffers
+from medusa_choices import NAMED_TREES, TreeError, load_tree, validate_tree
+from medusa_helpers import hf_greedy, random_heads, random_prompts
+from medusa_model import MedusaConfig, MedusaHeads, MedusaLoadError, MedusaModel, load_heads, save_heads
+
+
+@pytest.mark.parametrize("layout", ["shared_lm_head", "own_lm_head"])
+def test_heads_round_trip_in_both_layouts(tiny_pangu, tmp_path, layout):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=3, layout=layout)
+    save_heads(heads, tmp_path)
+    loaded = load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
+    assert loaded.config.medusa_head_layout == layout
+    for key, value in heads.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+    hidden = torch.randn(2, model.config.hidden_size)
+    assert torch.equal(loaded(hidden, model.lm_head), heads(hidden, model.lm_head))
+
+
+def test_own_lm_head_keys_follow_upstream_layout(tiny_pangu):
+    model = tiny_pangu[1]
+    keys = set(random_heads(model, num_heads=2, layout="own_lm_head").state_dict())
+    assert keys == {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight", "1.0.linear.weight", "1.0.linear.bias", "1.1.weight"}
+
+
+def test_pt_heads_load_with_weights_only(tiny_pangu, tmp_path):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2, layout="own_lm_head")
+    torch.save(heads.state_dict(), tmp_path / "medusa_lm_head.pt")
+    # upstream configs carry no layout: own_lm_head is implied
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    loaded = load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
+    assert torch.equal(loaded[1][1].weight, heads[1][1].weight)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"hidden_size": 32}, "hidden_size=32"),
+    ({"vocab_size": 7}, "vocab_size=7"),
+    ({"medusa_num_heads": 5}, "missing"),
+    ({"medusa_head_layout": "own_lm_head"}, "missing"),
+])
+def test_mismatched_heads_are_a_clear_error(tiny_pangu, tmp_path, change, message):
+    model = tiny_pangu[1]
+    save_heads(random_heads(model, num_heads=3), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MedusaLoadError, match=message):
+        load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
+
+
+def test_heads_for_another_vocabulary_are_rejected_by_shape(tiny_pangu, tmp_path):
+    model = tiny_pangu[1]
+    c = model.config
+    other = MedusaHeads(MedusaConfig(2, 1, "own_lm_head"), c.hidden_size, c.vocab_size + 1)
+    save_heads(other, tmp_path)
+    with pytest.raises(MedusaLoadError, match="shape"):
+        load_heads(tmp_path, c.hidden_size, c.vocab_size)
+
+
+def test_missing_head_weights_are_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
+    with pytest.raises(MedusaLoadError, match="no Medusa head weights"):
+        load_heads(tmp_path, 8, 8)
+
+
+def test_combined_directory_loads_base_and_heads(tiny_pangu, tmp_path):
+    directory, model = tiny_pangu
+    heads = random_heads(model, num_heads=4)
+    MedusaModel(model, heads).save_pretrained(tmp_path / "combined", combined=True)
+    (tmp_path / "combined" / "tokenizer.model").write_bytes((directory / "tokenizer.model").read_bytes())
+    (tmp_path / "combined" / "tokenizer_config.json").write_text((directory / "tokenizer_config.json").read_text())
+    loaded = MedusaModel.from_pretrained(str(tmp_path / "combined"), device="cpu", dtype="fp32", tree=load_tree("tree_16"))
+    prompt = random_prompts(model.config.vocab_size, count=1)[0]
+    out = [t for s in loaded.medusa_generate(prompt, max_new_tokens=40, eos_token_id=()) for t in s]
+    assert out == hf_greedy(model, prompt, 40)
+
+
+def test_medusa_generate_rejects_batches(tiny_pangu):
+    model = tiny_pangu[1]
+    medusa = MedusaModel(model, random_heads(model))
+    with pytest.raises(ValueError, match="batch size 1"):
+        medusa.medusa_generate(torch.ones(2, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("tree,message", [
+    ([[0], [1, 0, 0]], "prefix-closed"),
+    ([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]], "only 4 Medusa heads"),
+    ([[0], [0]], "more than once"),
+    ([[0], [-1]], "non-negative"),
+    ([], "non-empty"),
+])
+def test_bad_trees_are_rejected(tree, message):
+    with pytest.raises(TreeError, match=message):
+        validate_tree(tree, num_heads=4)
+
+
+def test_tree_deeper_than_heads_is_rejected_by_the_decoder(tiny_pangu):
+    from inference.medusa_decoding import MedusaDecoder
+
+    model = tiny_pangu[1]
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=2))
+    with pytest.raises(ValueError, match="2 heads"):
+        next(decoder.decode(DecodeRequest([1, 2, 3], 4), load_tree("chain_3")))
+
+
+def test_named_trees_are_valid_and_small_trees_have_the_advertised_size():
+    for name, tree in NAMED_TREES.items():
+        validate_tree(tree)
+    assert [len(load_tree(n)) for n in ("tree_8", "tree_16", "tree_32")] == [8, 16, 32]
+    assert len(load_tree("mc_sim_7b_63")) == 63 and max(map(len, load_tree("openpangu_3head"))) == 3
+
+
+def test_tree_from_json_file(tmp_path):
+    (tmp_path / "tree.json").write_text(json.dumps({"tree": [[0], [1], [0, 0]]}))
+    assert load_tree(str(tmp_path / "tree.json")) == [[0], [1], [0, 0]]
+    with pytest.raises(TreeError, match="unknown tree"):
+        load_tree("no_such_tree")
+
+
+def test_tree_buffers_describe_the_tree():
+    buffers = build_tree_buffers([[0], [1], [0, 0], [0, 1]])
+    # nodes: 0 root, 1 [0], 2 [1], 3 [0,0], 4 [0,1]; topk 2 -> [root, h0 top0, h0 top1, h1 top0, h1 top1]
+    assert buffers.tree_indices.tolist() == [0, 1, 2, 3, 4]
+    assert buffers.position_offsets.tolist() == [[0, 1, 1, 2, 2]]
+    assert sorted(map(tuple, buffers.retrieve_indices.tolist())) == [(0, 1, 3), (0, 1, 4), (0, 2, -1)]
+    assert buffers.tree_mask[4].tolist() == [True, True, False, False, True]
+    mask = TreeMask(buffers, capacity=10, dtype=torch.float32).for_length(3)
+    assert mask.shape == (1, 1, 5, 8)
+    assert (mask[0, 0, :, :3] == 0).all()
+    assert mask[0, 0, 4, 3:].tolist() == [0, 0, torch.finfo(torch.float32).min, torch.finfo(torch.float32).min, 0]

@@ -1,0 +1,78 @@
+"""Sampling through the tree is lossless: continuations are distributed exactly as plain sampling."""
+
+import itertools
+import math
+from collections import Counter
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from inference.decoding import DecodeRequest, DecodeStats
+from inference.medusa_decoding import Acceptance, MedusaDecoder
+from inference.sampling import Sampling, probabilities
+from medusa_choices import load_tree
+from medusa_helpers import random_heads
+
+VOCAB, LENGTH, SAMPLES = 6, 3, 3000
+PROMPT = [1, 4, 2]
+SAMPLING = Sampling(temperature=0.9, top_p=0.95)
+
+
+def tiny_vocab_model() -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         attention_bias=True, initializer_range=0.3, eos_token_id=None, bos_token_id=None)
+    return LlamaForCausalLM(config).float().eval()
+
+
+@torch.no_grad()
+def exact_distribution(model) -> dict[tuple, float]:
+    """P(continuation) under plain sampling, by enumerating every continuation of LENGTH tokens."""
+    result = {}
+    for continuation in itertools.product(range(VOCAB), repeat=LENGTH):
+        logits = model(torch.tensor([PROMPT + list(continuation[:-1])])).logits[0, len(PROMPT) - 1 :]
+        probs = probabilities(logits, SAMPLING)
+        result[continuation] = math.prod(probs[i, t].item() for i, t in enumerate(continuation))
+    return result
+
+
+def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) -> tuple[float, float]:
+    """Pearson chi-square (cells with expected count < 5 pooled) and its 0.1% critical value."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for cell, p in expected.items():
+        if p * n >= 5:
+            stat += (counts[cell] - p * n) ** 2 / (p * n)
+            cells += 1
+        else:
+            pooled_obs += counts[cell]
+            pooled_exp += p * n
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    df, z = cells - 1, 3.09  # Wilson-Hilferty approximation of the chi-square quantile at p = 0.999
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, critical
+
+
+def test_sampled_continuations_match_plain_sampling_distribution():
+    model = tiny_vocab_model()
+    expected = exact_distribution(model)
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=3, std=0.5))
+    tree = load_tree("tree_16")
+    counts, stats = Counter(), DecodeStats()
+    for seed in range(SAMPLES):
+        request = DecodeRequest(PROMPT, LENGTH, (), SAMPLING, seed=seed)
+        counts[tuple(t for step in decoder.decode(request, tree, Acceptance("sample"), stats) for t in step)] += 1
+    # Speculation really happened: several tokens were accepted in one step in many draws.
+    assert stats.accept_lengths[2] + stats.accept_lengths[3] > SAMPLES // 10
+    stat, critical = chi_square_rejects(counts, expected, SAMPLES)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: Medusa sampling is not lossless"
+
+
+def test_typical_acceptance_runs_and_respects_the_length():
+    model = tiny_vocab_model()
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=3, std=0.5))
+    request = DecodeRequest(PROMPT, 20, (), SAMPLING, seed=0)
+    out = [t for step in decoder.decode(request, load_tree("tree_16"), Acceptance("typical")) for t in step]
+    assert len(out) == 20 and all(0 <= t < VOCAB for t in out)

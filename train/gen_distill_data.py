@@ -1,0 +1,130 @@
+"""Self-distillation data: the base model answers prompts in its own chat template.
+
+Medusa heads learn to predict what THIS model will say, so the targets are the model's own outputs
+(exact generated token ids, not re-encoded text). Output is appended as JSONL, one record per prompt,
+so an interrupted run resumes where it stopped without losing or duplicating samples.
+
+    python train/gen_distill_data.py --out data/distill.jsonl --max_samples 2000 --max_new_tokens 192
+"""
+
+import argparse
+import json
+import sys
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+from inference.chat import prompt_ids
+from inference.devices import resolve_device, resolve_dtype, set_threads
+from inference.errors import UserError
+from inference.loading import load_base
+from train.prompt_sources import SHAREGPT, iter_prompts
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
+    parser.add_argument("--prompts", default=SHAREGPT, help="'sharegpt' (PyPI package), a ShareGPT .json, or a jsonl")
+    parser.add_argument("--out", required=True, help="JSONL to append to (resumed if it exists)")
+    parser.add_argument("--max_samples", type=int, default=1000, help="stop after this many records in --out")
+    parser.add_argument("--skip", type=int, default=0, help="skip the first N prompts (e.g. to make a held-out set)")
+    parser.add_argument("--max_prompt_tokens", type=int, default=384, help="skip longer prompts")
+    parser.add_argument("--max_new_tokens", type=int, default=192)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--no_think", action="store_true", help="OpenPangu: answer without thinking")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int)
+    return parser.parse_args(argv)
+
+
+def done_indices(path: Path) -> set[int]:
+    """Prompt indices already answered; a torn last line (killed mid-write) is dropped and redone."""
+    if not path.exists():
+        return set()
+    done, good = set(), []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            done.add(json.loads(line)["index"])
+            good.append(line)
+        except (json.JSONDecodeError, KeyError):
+            continue
+    path.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+    return done
+
+
+@torch.inference_mode()
+def answer_batch(model, tokenizer, batch: list[list[int]], max_new_tokens: int, temperature: float, eos: list[int]):
+    """Left-padded batched generation; returns each answer's ids up to and including its EOS."""
+    width = max(len(ids) for ids in batch)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=model.device)
+    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=model.device)
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+        top_p=None, top_k=None, eos_token_id=eos, pad_token_id=pad,
+    )[:, width:].tolist()
+    answers = []
+    for ids in out:
+        cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        answers.append(ids[:cut])
+    return answers
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    try:
+        set_threads(args.threads)
+        device = resolve_device(args.device)
+        model, tokenizer, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        done = done_indices(out)
+        eos = sorted({model.generation_config.eos_token_id, tokenizer.eos_token_id} - {None})
+        progress = tqdm(total=args.max_samples, initial=min(len(done), args.max_samples), desc="distill", unit="sample")
+        pending: list[tuple[int, str, list[int]]] = []
+        written = len(done)
+
+        def flush():
+            nonlocal written
+            answers = answer_batch(model, tokenizer, [p[2] for p in pending], args.max_new_tokens, args.temperature, eos)
+            with out.open("a", encoding="utf-8") as file:
+                for (index, prompt, ids), answer in zip(pending, answers):
+                    record = {"index": index, "prompt": prompt, "prompt_ids": ids, "output_ids": answer,
+                              "text": tokenizer.decode(answer, skip_special_tokens=True)}
+                    file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            written += len(pending)
+            progress.update(len(pending))
+            pending.clear()
+
+        for index, prompt in enumerate(islice(iter_prompts(args.prompts), args.skip, None), start=args.skip):
+            if written + len(pending) >= args.max_samples:
+                break
+            if index in done:
+                continue
+            ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt}], no_think=args.no_think)
+            if len(ids) > args.max_prompt_tokens:
+                continue
+            pending.append((index, prompt, ids))
+            if len(pending) == args.batch_size:
+                flush()
+        if pending:
+            flush()
+        progress.close()
+        print(f"{written} samples in {out}", file=sys.stderr)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {args.out} keeps every finished batch; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

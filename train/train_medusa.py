@@ -1,0 +1,174 @@
+"""Train Medusa heads on a frozen base model with the HF Trainer (accelerate / DeepSpeed ready).
+
+    python train/train_medusa.py --data data/distill.jsonl --out train/demo_heads --num_heads 4 \\
+        --cache_hidden --epochs 2 --threads 2
+
+Loss = sum over heads of weight_i * CE(head i at t, token t+2+i), prompt tokens masked. With
+--cache_hidden the frozen base model runs once per sample and training touches only the heads (the
+fast path on CPU); without it the base runs in every step on padded batches (GPU/NPU, multi-device).
+Per-head top-1/top-5 accuracy is logged; the heads are saved as safetensors + config.json that
+inference/medusa_generate.py --medusa_dir loads directly.
+"""
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from inference.demo_model import DEMO_NAME
+from inference.devices import resolve_device, resolve_dtype, set_threads
+from inference.errors import UserError
+from inference.loading import load_base
+from medusa_model import MedusaConfig, MedusaHeads, save_heads
+from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cache_hidden_states,
+                                   pad_sequences, read_samples)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--data", required=True, help="JSONL from train/gen_distill_data.py")
+    parser.add_argument("--out", required=True, help="directory for the heads (and Trainer checkpoints)")
+    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
+    parser.add_argument("--num_heads", type=int, default=4)
+    parser.add_argument("--num_layers", type=int, default=1, help="ResBlocks per head")
+    parser.add_argument("--layout", choices=["shared_lm_head", "own_lm_head"], default="shared_lm_head")
+    parser.add_argument("--head_decay", type=float, default=0.8, help="loss weight of head i is decay**i")
+    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch_size", type=int, default=256, help="positions (cached) or sequences per device")
+    parser.add_argument("--grad_accum", type=int, default=1)
+    parser.add_argument("--max_length", type=int, default=2048)
+    parser.add_argument("--eval_fraction", type=float, default=0.05, help="held-out samples for accuracy")
+    parser.add_argument("--cache_hidden", action="store_true", help="run the frozen base once and train on its hidden states")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    parser.add_argument("--deepspeed", help="DeepSpeed config (e.g. train/deepspeed.json)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="base model dtype; heads train in fp32 with bf16 autocast where supported")
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tree", help="tree to record in the heads' config (name or JSON file from the tree builder)")
+    return parser.parse_args(argv)
+
+
+def build_trainer_class():
+    from transformers import Trainer
+
+    class MedusaTrainer(Trainer):
+        """Adds per-head top-1/top-5 accuracy of the training batches to every log line."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs)
+            module = getattr(model, "module", model)
+            self._accuracy = getattr(self, "_accuracy", [])
+            self._accuracy.append(module.last_accuracy)
+            return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
+
+        def log(self, logs, *args, **kwargs):
+            batches = getattr(self, "_accuracy", [])
+            if batches:
+                for i in range(len(batches[0])):
+                    count = sum(b[i][2] for b in batches)
+                    if count:
+                        logs[f"head{i}_top1"] = round(sum(b[i][0] for b in batches) / count, 4)
+                        logs[f"head{i}_top5"] = round(sum(b[i][1] for b in batches) / count, 4)
+                self._accuracy = []
+            super().log(logs, *args, **kwargs)
+
+    return MedusaTrainer
+
+
+@torch.no_grad()
+def evaluate_accuracy(module: MedusaTrainingModule, dataset, batch_size: int) -> list[dict]:
+    """Per-head top-1/top-5 accuracy on held-out positions or sequences."""
+    totals = None
+    for start in range(0, len(dataset), batch_size):
+        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        if "hidden_states" in items[0]:
+            batch = {"hidden_states": torch.stack([x["hidden_states"] for x in items]),
+                     "labels": torch.stack([x["labels"] for x in items])}
+        else:
+            batch = pad_sequences(items, 0)
+        device = next(module.heads.parameters()).device
+        module(**{k: v.to(device) for k, v in batch.items()})
+        acc = module.last_accuracy
+        totals = acc if totals is None else [tuple(a + b for a, b in zip(t, x)) for t, x in zip(totals, acc)]
+    return [{"head": i, "top1": round(t[0] / t[2], 4) if t[2] else 0.0, "top5": round(t[1] / t[2], 4) if t[2] else 0.0,
+             "positions": t[2]} for i, t in enumerate(totals or [])]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from tqdm import tqdm
+    from transformers import TrainingArguments
+
+    started = time.time()
+    try:
+        set_threads(args.threads)
+        torch.manual_seed(args.seed)
+        device = resolve_device(args.device)
+        model, tokenizer, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
+        samples = read_samples(args.data)
+        random.Random(args.seed).shuffle(samples)
+        held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0
+        train_samples, eval_samples = samples[held_out:], samples[:held_out]
+        hidden, vocab = model.config.hidden_size, model.config.vocab_size
+        config = MedusaConfig(args.num_heads, args.num_layers, args.layout, hidden, vocab,
+                              args.base_model or DEMO_NAME, args.tree)
+        heads = MedusaHeads(config, hidden, vocab).to(device)
+        heads.init_from_lm_head(model.lm_head)
+        weights = [args.head_decay**i for i in range(args.num_heads)]
+        if args.cache_hidden:
+            progress = tqdm(total=len(samples), desc="caching hidden states", unit="sample")
+            train_set = CachedPositions(*cache_hidden_states(model, train_samples, args.num_heads, args.max_length, progress))
+            eval_set = CachedPositions(*cache_hidden_states(model, eval_samples, args.num_heads, args.max_length, progress))
+            progress.close()
+            module = MedusaTrainingModule(heads, model.lm_head, None, weights)
+            collator = None
+        else:
+            train_set = SequenceDataset(train_samples, args.num_heads, args.max_length)
+            eval_set = SequenceDataset(eval_samples, args.num_heads, args.max_length)
+            module = MedusaTrainingModule(heads, model.lm_head, model, weights)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            collator = lambda batch: pad_sequences(batch, pad)  # noqa: E731
+        print(f"{len(train_samples)} training / {len(eval_samples)} held-out samples, "
+              f"{len(train_set)} training items", file=sys.stderr)
+        bf16 = device.type != "cpu" or torch.backends.mkldnn.is_available()
+        training_args = TrainingArguments(
+            output_dir=args.out, num_train_epochs=args.epochs, learning_rate=args.lr,
+            per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+            lr_scheduler_type="cosine", warmup_steps=0.03, weight_decay=0.0, logging_steps=20,
+            save_strategy="steps", save_steps=500, save_total_limit=2, report_to=[], bf16=bf16,
+            dataloader_num_workers=0, remove_unused_columns=False, seed=args.seed, deepspeed=args.deepspeed,
+            use_cpu=device.type == "cpu",
+        )
+        trainer = build_trainer_class()(model=module, args=training_args, train_dataset=train_set, data_collator=collator)
+        resume = args.resume and any(Path(args.out).glob("checkpoint-*"))
+        trainer.train(resume_from_checkpoint=True if resume else None)
+        heads.eval()
+        accuracy = evaluate_accuracy(module, eval_set, args.batch_size) if len(eval_set) else []
+        save_heads(heads.float().cpu(), args.out)
+        report = {
+            "data": str(args.data), "samples": len(samples), "train_samples": len(train_samples),
+            "held_out_samples": len(eval_samples), "train_items": len(train_set), "epochs": args.epochs,
+            "steps": trainer.state.global_step, "seconds": round(time.time() - started, 1),
+            "held_out_accuracy": accuracy, "args": {k: v for k, v in vars(args).items()},
+        }
+        (Path(args.out) / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        for row in accuracy:
+            print(f"head {row['head']}: held-out top-1 {row['top1']:.3f}, top-5 {row['top5']:.3f}", file=sys.stderr)
+        print(f"heads saved to {args.out}", file=sys.stderr)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: rerun with --resume to continue from the last checkpoint in {args.out}", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

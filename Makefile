@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 	$(PY) -m inference.demo_model
+	PYTHON=$(PY) bash apply_patches.sh
 
 demo: setup
 	$(PY) inference/medusa_generate.py --prompt "$(PROMPT)" --stream
@@ -28,4 +29,4 @@ test: setup
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) third_party/Medusa
+	rm -rf $(VENV) third_party/Medusa third_party/.cache

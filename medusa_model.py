@@ -188,6 +188,10 @@ def default_tree_name(device_type: str, num_heads: int) -> str:
     return "mc_sim_7b_63" if num_heads >= 4 else "openpangu_3head"
 
 
+def _has_weights(directory: Path) -> bool:
+    return any((directory / name).exists() for name in ("model.safetensors", "model.safetensors.index.json"))
+
+
 class MedusaModel(nn.Module):
     """A base causal LM plus Medusa heads; `medusa_generate` decodes with tree verification."""
 
@@ -231,22 +235,27 @@ class MedusaModel(nn.Module):
 
         When `base_model` is a heads-only directory, its `base_model_name_or_path` names the base.
         """
+        from inference.demo_model import DEMO_NAME
         from inference.devices import resolve_device, resolve_dtype
         from inference.loading import load_base, resolve_model_dir
 
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
-        heads_dir = resolve_model_dir(medusa) if medusa else None
-        if heads_dir is None and base_model is not None:
-            candidate = resolve_model_dir(base_model)
-            config = read_medusa_config(candidate)
-            if config is None:
-                raise MedusaLoadError(f"{base_model} holds no Medusa heads: pass the heads directory as `medusa`")
-            heads_dir = candidate
-            if not (candidate / "model.safetensors").exists() and not (candidate / "model.safetensors.index.json").exists():
-                base_model = config.base_model_name_or_path  # a heads-only directory
-        if heads_dir is None:
+        if medusa:
+            heads_dir = resolve_model_dir(medusa)
+        elif base_model is not None:
+            heads_dir = resolve_model_dir(base_model)  # a combined or a heads-only directory
+        else:
             raise MedusaLoadError("no Medusa heads given: pass a heads directory or a combined directory")
+        config = read_medusa_config(heads_dir)
+        if config is None:
+            raise MedusaLoadError(f"{heads_dir} holds no Medusa heads (config.json or {COMBINED_CONFIG})")
+        if not medusa:
+            base_model = str(heads_dir) if _has_weights(heads_dir) else config.base_model_name_or_path
+        elif base_model is None:
+            base_model = config.base_model_name_or_path
+        if base_model == DEMO_NAME:
+            base_model = None
         model, tokenizer, _ = load_base(base_model, torch_device, torch_dtype)
         heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
         return cls(model, heads, tokenizer, tree)

@@ -1,0 +1,122 @@
+"""Run upstream FasterDecoding Medusa's own API with OpenPangu.
+
+`bash apply_patches.sh` vendors the pinned upstream release into third_party/Medusa and patches it for
+transformers 5, modern Llama configs (rope_theta, GQA, head_dim, biases), devices and sparse trees.
+`import medusa_compat` then makes that copy importable as `medusa` and registers OpenPangu:
+
+    import medusa_compat
+    from medusa.model.medusa_model import MedusaModel
+    model = MedusaModel.from_pretrained("<OpenPangu-Medusa dir>")
+    for out in model.medusa_generate(input_ids, temperature=0.0, max_steps=512): ...
+
+Routing: a directory whose base model is OpenPangu-Embedded (a combined directory, or heads whose
+`base_model_name_or_path` is one) is served by THIS project's engine (medusa_model.MedusaModel: stock
+transformers forward, both head layouts, lossless acceptance) behind upstream's interface. Every other
+model goes through upstream's own (patched) code unchanged.
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
+
+VENDORED = Path(__file__).resolve().parent / "third_party" / "Medusa"
+CHECKSUMS = Path(__file__).resolve().parent / "patches" / "SHA256SUMS"
+
+
+class UpstreamMedusaMissing(ImportError):
+    pass
+
+
+def _check_vendored() -> None:
+    if not (VENDORED / "medusa" / "model" / "medusa_model.py").is_file():
+        raise UpstreamMedusaMissing("upstream Medusa is not vendored: run `bash apply_patches.sh`")
+    for line in CHECKSUMS.read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        path = VENDORED / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise UpstreamMedusaMissing(
+                f"third_party/Medusa/{name} is not the patched version: run `bash apply_patches.sh` "
+                "(or `bash apply_patches.sh --revert` first if it was edited)"
+            )
+
+
+def _base_model_type(directory: Path) -> str | None:
+    """model_type of the base behind a Medusa directory (combined, or heads naming their base)."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text())
+    if "medusa_num_heads" in config and config.get("base_model_name_or_path"):
+        base_config = Path(config["base_model_name_or_path"]) / "config.json"
+        return json.loads(base_config.read_text()).get("model_type") if base_config.is_file() else None
+    return config.get("model_type")
+
+
+class OpenPanguMedusa:
+    """Upstream's MedusaModel interface over this project's engine."""
+
+    def __init__(self, model):
+        self.model = model
+        self.base_model = model.base_model
+        self.tokenizer = model.tokenizer
+        self.medusa = model.medusa_head.num_heads
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def medusa_generate(self, input_ids, attention_mask=None, temperature=0.0, max_steps=512, medusa_choices=None,
+                        posterior_threshold=0.09, posterior_alpha=0.3, max_new_tokens=None, eos_token_id=None):
+        """Yields {"text", "ids"} after every step, as patched upstream does (batch size 1)."""
+        tree = None
+        if medusa_choices is not None:
+            if not isinstance(medusa_choices[0], (list, tuple)):
+                raise ValueError("OpenPangu Medusa takes sparse trees (lists of rank paths), e.g. mc_sim_7b_63")
+            tree = [list(p) for p in medusa_choices]
+        acceptance = "greedy" if temperature == 0 else "typical"
+        ids: list[int] = []
+        steps = self.model.medusa_generate(
+            input_ids, max_new_tokens=max_new_tokens or max_steps * (self.medusa + 1), temperature=temperature,
+            acceptance=acceptance, posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha,
+            eos_token_id=eos_token_id, tree=tree,
+        )
+        for _, step in zip(range(max_steps + 1), steps):
+            ids.extend(step)
+            yield {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "ids": list(ids)}
+
+
+def register_openpangu(upstream_model_class) -> None:
+    """Route OpenPangu directories given to upstream's MedusaModel.from_pretrained to our engine."""
+    original = upstream_model_class.from_pretrained.__func__
+    if getattr(original, "_openpangu_routed", False):
+        return
+
+    def from_pretrained(cls, medusa_head_name_or_path, **kwargs):
+        directory = Path(medusa_head_name_or_path)
+        if directory.is_dir() and _base_model_type(directory) == "PanguEmbedded":
+            from medusa_model import MedusaModel
+
+            dtype = kwargs.get("torch_dtype") or kwargs.get("dtype")
+            dtype_name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(dtype), "auto")
+            model = MedusaModel.from_pretrained(str(directory), device=kwargs.get("device", "auto"), dtype=dtype_name)
+            return OpenPanguMedusa(model)
+        return original(cls, medusa_head_name_or_path, **kwargs)
+
+    from_pretrained._openpangu_routed = True
+    upstream_model_class.from_pretrained = classmethod(from_pretrained)
+
+
+def load_upstream():
+    """Import the vendored, patched upstream `medusa` package and register OpenPangu with it."""
+    _check_vendored()
+    if str(VENDORED) not in sys.path:
+        sys.path.insert(0, str(VENDORED))
+    import medusa.model.medusa_model as upstream
+
+    register_openpangu(upstream.MedusaModel)
+    return upstream
+
+
+load_upstream()

@@ -12,7 +12,9 @@ token t, predicts token t+2+i. Two layouts:
 Files: a heads directory holds `config.json` (heads-only) and `medusa_lm_head.safetensors` (or `.pt`)
 with keys relative to the head list (`{i}.{j}.linear.weight`, `{i}.{n}.weight` for own_lm_head).
 A combined directory holds a base model's files with the heads beside them (`medusa_config.json` +
-`medusa_lm_head.safetensors`).
+`medusa_lm_head.safetensors`). A one-checkpoint directory (upstream Medusa's "1.0" layout) keeps the
+heads inside the model's own safetensors as `medusa_head.{i}...` keys and the Medusa fields
+(`medusa_num_heads`, `medusa_num_layers`, `medusa_choices`) in the model's config.json.
 """
 
 import json
@@ -27,6 +29,8 @@ LAYOUTS = ("shared_lm_head", "own_lm_head")
 HEADS_WEIGHTS = "medusa_lm_head.safetensors"
 HEADS_WEIGHTS_PT = "medusa_lm_head.pt"
 COMBINED_CONFIG = "medusa_config.json"
+ONE_CHECKPOINT_PREFIX = "medusa_head."
+LAYOUTS_ON_DISK = ("heads", "combined", "one_checkpoint")
 
 
 class MedusaLoadError(ValueError):
@@ -122,7 +126,37 @@ def read_medusa_config(directory: Path) -> MedusaConfig | None:
     return None
 
 
+def is_one_checkpoint(directory: Path) -> bool:
+    """A model directory whose own config.json carries the Medusa fields (heads inside its weights)."""
+    path = directory / "config.json"
+    if not path.is_file() or (directory / HEADS_WEIGHTS).is_file() or (directory / HEADS_WEIGHTS_PT).is_file():
+        return False
+    config = json.loads(path.read_text())
+    return "medusa_num_heads" in config and "model_type" in config
+
+
+def _model_weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
+    return [directory / "model.safetensors"]
+
+
+def _read_one_checkpoint_heads(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    state = {}
+    for file in _model_weight_files(directory):
+        with safe_open(str(file), framework="pt") as weights:
+            for key in weights.keys():
+                if key.startswith(ONE_CHECKPOINT_PREFIX):
+                    state[key[len(ONE_CHECKPOINT_PREFIX) :]] = weights.get_tensor(key)
+    return state
+
+
 def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    if is_one_checkpoint(directory):
+        return _read_one_checkpoint_heads(directory)
     if (directory / HEADS_WEIGHTS).is_file():
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -260,13 +294,29 @@ class MedusaModel(nn.Module):
         heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
         return cls(model, heads, tokenizer, tree)
 
-    def save_pretrained(self, directory: str | os.PathLike, combined: bool = False) -> None:
-        """Heads only (config.json + medusa_lm_head.safetensors), or base + heads in one directory."""
-        if combined:
+    def save_pretrained(self, directory: str | os.PathLike, layout: str = "heads") -> None:
+        """`heads`: heads only (config.json + medusa_lm_head.safetensors); `combined`: base files with the
+        heads beside them; `one_checkpoint`: heads inside the model's safetensors, fields in its config.json."""
+        if layout not in LAYOUTS_ON_DISK:
+            raise ValueError(f"layout must be one of {LAYOUTS_ON_DISK}")
+        if layout == "heads":
+            save_heads(self.medusa_head, directory)
+            return
+        if layout == "combined":
             self.base_model.save_pretrained(directory)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(directory)
-        save_heads(self.medusa_head, directory, combined=combined)
+            save_heads(self.medusa_head, directory, combined=True)
+        else:
+            state = dict(self.base_model.state_dict())
+            state.update({ONE_CHECKPOINT_PREFIX + k: v for k, v in self.medusa_head.state_dict().items()})
+            self.base_model.save_pretrained(directory, state_dict=state)
+            config_path = Path(directory) / "config.json"
+            config = json.loads(config_path.read_text())
+            fields = self.medusa_head.config.to_dict()
+            fields.pop("base_model_name_or_path", None)
+            config.update(fields, medusa_choices=self.tree)
+            config_path.write_text(json.dumps(config, indent=2) + "\n")
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
 
     def medusa_generate(self, input_ids, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                         acceptance: str | None = None, posterior_threshold: float = 0.09,
@@ -288,3 +338,28 @@ class MedusaModel(nn.Module):
         rule = acceptance or ("greedy" if temperature == 0 else "sample")
         request = DecodeRequest(ids, max_new_tokens, eos, Sampling(temperature, top_p), seed)
         return self.decoder.decode(request, tree or self.tree, Acceptance(rule, posterior_threshold, posterior_alpha), stats)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 20,
+                 do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, eos_token_id=None,
+                 streamer=None, seed: int | None = None, **unused) -> torch.Tensor:
+        """transformers-style `generate` with Medusa decoding underneath: returns prompt + new ids [1, L].
+
+        Greedy (`do_sample=False`) equals HF greedy `generate`; sampling is lossless. Batch size 1;
+        left padding in `attention_mask` is dropped. A `streamer` gets the prompt, then each step's ids.
+        """
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"Medusa generate supports batch size 1, got input_ids of shape {tuple(input_ids.shape)}")
+        prompt = input_ids[0] if attention_mask is None else input_ids[0][attention_mask[0].bool()]
+        if streamer is not None:
+            streamer.put(prompt.unsqueeze(0).cpu())
+        new: list[int] = []
+        for step in self.medusa_generate(prompt.tolist(), max_new_tokens=max_new_tokens,
+                                         temperature=temperature if do_sample else 0.0, top_p=top_p if do_sample else 1.0,
+                                         eos_token_id=eos_token_id, seed=seed):
+            new.extend(step)
+            if streamer is not None:
+                streamer.put(torch.tensor(step))
+        if streamer is not None:
+            streamer.end()
+        return torch.cat([prompt, torch.tensor(new, dtype=prompt.dtype, device=prompt.device)]).unsqueeze(0)

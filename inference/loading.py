@@ -73,10 +73,19 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype):
     _check_causal_lm(directory)
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
+    from medusa_model import is_one_checkpoint
+
+    verbosity = hf_logging.get_verbosity()
+    if is_one_checkpoint(directory):
+        hf_logging.set_verbosity_error()  # the medusa_head.* keys are the heads, loaded by medusa_model
     try:
         model, info = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, output_loading_info=True)
     except Exception as error:
         raise UserError(f"cannot load the model weights from {directory}: {type(error).__name__}: {error}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise UserError(f"{directory} lacks {len(missing)} weight(s), e.g. {missing[:3]}: incomplete checkpoint")

@@ -17,7 +17,7 @@ from inference.errors import UserError
 from inference.loading import load_base, resolve_model_dir
 from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance
 from medusa_choices import NAMED_TREES, TreeError, load_tree
-from medusa_model import COMBINED_CONFIG, MedusaLoadError, MedusaModel, load_heads
+from medusa_model import COMBINED_CONFIG, MedusaLoadError, MedusaModel, is_one_checkpoint, load_heads
 
 
 def build_parser():
@@ -46,7 +46,7 @@ def load_medusa(args, device, dtype) -> MedusaModel:
         model, tokenizer, base_dir = load_base(args.base_model, device, dtype)
         if medusa_dir is not None:
             heads_dir = resolve_model_dir(medusa_dir)
-        elif (base_dir / COMBINED_CONFIG).is_file():
+        elif (base_dir / COMBINED_CONFIG).is_file() or is_one_checkpoint(base_dir):
             heads_dir = base_dir
         else:
             print("No Medusa heads given: using untrained heads (exact output, about 1 token per step).",

@@ -74,7 +74,7 @@ def test_missing_head_weights_are_a_clear_error(tmp_path):
 def test_combined_directory_loads_base_and_heads(tiny_pangu, tmp_path):
     directory, model = tiny_pangu
     heads = random_heads(model, num_heads=4)
-    MedusaModel(model, heads).save_pretrained(tmp_path / "combined", combined=True)
+    MedusaModel(model, heads).save_pretrained(tmp_path / "combined", layout="combined")
     (tmp_path / "combined" / "tokenizer.model").write_bytes((directory / "tokenizer.model").read_bytes())
     (tmp_path / "combined" / "tokenizer_config.json").write_text((directory / "tokenizer_config.json").read_text())
     loaded = MedusaModel.from_pretrained(str(tmp_path / "combined"), device="cpu", dtype="fp32", tree=load_tree("tree_16"))

@@ -89,7 +89,12 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype):
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise UserError(f"{directory} lacks {len(missing)} weight(s), e.g. {missing[:3]}: incomplete checkpoint")
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if device.type == "npu":
+        from inference.npu_attention import use_npu_attention
+
+        use_npu_attention(model)
+    return model
 
 
 def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype):

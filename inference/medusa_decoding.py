@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from inference.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.kv_cache import KVBuffer
+from inference.npu_attention import NPU_ATTENTION
 from inference.sampling import Sampling, choose_tokens, probabilities
 from inference.tree_buffers import TreeBuffers, TreeMask, build_tree_buffers
 from medusa_choices import Tree
@@ -93,7 +94,7 @@ class MedusaDecoder:
         device, dtype = model.device, model.dtype
         capacity = len(request.input_ids) + request.max_new_tokens + buffers.size
         cache = KVBuffer(model.config, capacity, device, dtype)
-        mask = TreeMask(buffers, capacity, dtype)
+        mask = TreeMask(buffers, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
         generator = request.generator(device)
         sampling = request.sampling
         emitter = StepEmitter(request, stats)

@@ -69,8 +69,9 @@ class TreeMask:
 
     Its last T columns hold the tree block and every column before it is visible, so the mask for a
     step with `length` cached tokens is the view `buffer[..., capacity - length - T:]`: no per-step
-    allocation. Eager and SDPA attention ADD a float mask (0 visible, dtype min hidden); the NPU fused
-    kernel takes a bool mask where True means hidden.
+    allocation. Eager and SDPA attention ADD a float mask (0 visible, dtype min hidden); with
+    `additive=False` it is a bool mask in transformers' convention (True = visible), which the NPU
+    fused-attention adapter inverts for its kernel.
     """
 
     def __init__(self, buffers: TreeBuffers, capacity: int, dtype: torch.dtype, additive: bool = True):
@@ -84,8 +85,8 @@ class TreeMask:
                 hidden, torch.finfo(dtype).min
             )
         else:
-            self.buffer = torch.zeros((1, 1, size, capacity + size), dtype=torch.bool, device=device)
-            self.buffer[0, 0, :, capacity:] = hidden
+            self.buffer = torch.ones((1, 1, size, capacity + size), dtype=torch.bool, device=device)
+            self.buffer[0, 0, :, capacity:] = buffers.tree_mask
 
     def for_length(self, length: int) -> torch.Tensor:
         return self.buffer[..., self.capacity - length :]

@@ -24,7 +24,7 @@ import torch
 from inference.chat import prompt_ids, read_prompts
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.devices import resolve_device, resolve_dtype, set_threads, synchronize
-from inference.errors import UserError
+from inference.errors import UserError, run_command
 from inference.medusa_generate import load_medusa
 from inference.plain_decoding import plain_decode
 
@@ -220,21 +220,17 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
+
+    def body():
         results = run(args)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted: no results written", file=sys.stderr)
-        return 130
-    print_table(results)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-        plot(results, args.plot or str(Path(args.out).with_suffix(".png")))
-    elif args.plot:
-        plot(results, args.plot)
-    return 0
+        print_table(results)
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+            plot(results, args.plot or str(Path(args.out).with_suffix(".png")))
+        elif args.plot:
+            plot(results, args.plot)
+
+    return run_command(body, "interrupted: no results written")
 
 
 if __name__ == "__main__":

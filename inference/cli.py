@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from inference.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.devices import resolve_device, resolve_dtype, set_threads
-from inference.errors import UserError
+from inference.errors import run_command
 from inference.loading import is_pangu
 from inference.sampling import Sampling
 
@@ -157,7 +157,8 @@ def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Na
         Sampling(args.temperature, args.top_p)
     except ValueError as error:
         parser.error(str(error))
-    try:
+
+    def body():
         set_threads(args.threads)
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
@@ -169,10 +170,5 @@ def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Na
         else:
             prompt = args.prompt or "Explain speculative decoding in two sentences."
             run_prompts(session, [{"turns": [prompt]}])
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return run_command(body)

@@ -17,7 +17,7 @@ import torch
 
 from inference.chat import prompt_ids
 from inference.devices import resolve_device, resolve_dtype, set_threads
-from inference.errors import UserError
+from inference.errors import UserError, run_command
 from inference.loading import load_base
 from train.prompt_sources import SHAREGPT, iter_prompts
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm import tqdm
 
-    try:
+    def body():
         set_threads(args.threads)
         device = resolve_device(args.device)
         model, tokenizer, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
@@ -117,13 +117,8 @@ def main(argv=None) -> int:
             flush()
         progress.close()
         print(f"{written} samples in {out}", file=sys.stderr)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: {args.out} keeps every finished batch; rerun the same command to resume", file=sys.stderr)
-        return 130
-    return 0
+
+    return run_command(body, f"interrupted: {args.out} keeps every finished batch; rerun the same command to resume")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 import torch
 
 from inference.devices import resolve_device, resolve_dtype, set_threads, synchronize
-from inference.errors import UserError
+from inference.errors import UserError, run_command
 from inference.kv_cache import KVBuffer
 from inference.loading import load_base, resolve_model_dir
 from inference.tree_buffers import TreeMask, build_tree_buffers
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm import tqdm
 
-    try:
+    def body():
         set_threads(args.threads)
         device = resolve_device(args.device)
         model, _, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
@@ -148,10 +148,8 @@ def main(argv=None) -> int:
             file.write("\n")
         print(f"tree of {best['budget']} nodes written to {args.out} "
               f"(expected {best['expected_tokens_per_step']:.2f} tokens per step)", file=sys.stderr)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_command(body, "interrupted")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 
 from inference.demo_model import DEMO_NAME
 from inference.devices import resolve_device, resolve_dtype, set_threads
-from inference.errors import UserError
+from inference.errors import UserError, run_command
 from inference.loading import load_base
 from medusa_model import MedusaConfig, MedusaHeads, save_heads
 from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cache_hidden_states,
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     from transformers import TrainingArguments
 
     started = time.time()
-    try:
+    def body():
         set_threads(args.threads)
         torch.manual_seed(args.seed)
         device = resolve_device(args.device)
@@ -161,13 +161,8 @@ def main(argv=None) -> int:
         for row in accuracy:
             print(f"head {row['head']}: held-out top-1 {row['top1']:.3f}, top-5 {row['top5']:.3f}", file=sys.stderr)
         print(f"heads saved to {args.out}", file=sys.stderr)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: rerun with --resume to continue from the last checkpoint in {args.out}", file=sys.stderr)
-        return 130
-    return 0
+
+    return run_command(body, f"interrupted: rerun with --resume to continue from the last checkpoint in {args.out}")
 
 
 if __name__ == "__main__":

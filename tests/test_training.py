@@ -1,0 +1,95 @@
+"""The head-training pipeline: prompt sources, distillation data, targets, training, tree building."""
+
+import json
+
+import pytest
+import torch
+
+from inference import medusa_generate
+from inference.errors import UserError
+from medusa_choices import load_tree, validate_tree
+from train import gen_distill_data, medusa_tree_builder, train_medusa
+from train.medusa_training import IGNORE, head_targets, read_samples
+from train.prompt_sources import iter_prompts, iter_sharegpt
+
+
+def test_truncated_sharegpt_file_yields_every_complete_conversation(tmp_path):
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}
+               for i in range(3)]
+    text = json.dumps(records)
+    (tmp_path / "sg.json").write_text(text[: text.rindex('{"id": "2"') + 25])  # cut inside the last record
+    assert list(iter_sharegpt(tmp_path / "sg.json")) == ["q0", "q1"]
+
+
+def test_head_targets_skip_the_prompt_and_shift_per_head():
+    targets = head_targets(prompt_len=3, ids=[10, 11, 12, 13, 14, 15], num_heads=2)
+    # position t predicts ids[t+2+i]; only t >= prompt_len-1 = 2 counts
+    assert targets[:2].eq(IGNORE).all()
+    assert targets[2].tolist() == [14, 15] and targets[3].tolist() == [15, IGNORE]
+    assert targets[4:].eq(IGNORE).all()
+
+
+def test_malformed_and_empty_data_are_clear_errors(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"prompt_ids": [1]}\n')
+    with pytest.raises(UserError, match="bad.jsonl:1"):
+        read_samples(tmp_path / "bad.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(UserError, match="no usable samples"):
+        read_samples(tmp_path / "empty.jsonl")
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_pangu, tmp_path_factory):
+    directory, _ = tiny_pangu
+    root = tmp_path_factory.mktemp("distill")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question number {i} about fox"}) + "\n" for i in range(12)))
+    out = root / "data.jsonl"
+    common = ["--base_model", str(directory), "--prompts", str(prompts), "--out", str(out), "--max_new_tokens", "24",
+              "--batch_size", "4", "--dtype", "fp32"]
+    assert gen_distill_data.main(common + ["--max_samples", "5"]) == 0
+    with out.open("a") as file:
+        file.write('{"index": 99, "prompt_ids": [1, 2')  # a torn last line, as after a kill mid-write
+    assert gen_distill_data.main(common + ["--max_samples", "10"]) == 0
+    return directory, out
+
+
+def test_distillation_resumes_without_losing_or_duplicating(distilled, tiny_pangu):
+    directory, out = distilled
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in records] == list(range(10))
+    model = tiny_pangu[1]
+    first = records[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([first["prompt_ids"] + first["output_ids"]])).logits[0]
+    # stored ids are the model's own greedy continuation, exactly
+    start = len(first["prompt_ids"]) - 1
+    assert logits[start : start + len(first["output_ids"])].argmax(-1).tolist() == first["output_ids"]
+
+
+def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, capsys):
+    directory, data = distilled
+    out = tmp_path / "heads"
+    assert train_medusa.main(["--base_model", str(directory), "--data", str(data), "--out", str(out),
+                              "--num_heads", "3", "--cache_hidden", "--epochs", "2", "--batch_size", "32",
+                              "--dtype", "fp32", "--lr", "3e-3"]) == 0
+    report = json.loads((out / "training_report.json").read_text())
+    assert [row["head"] for row in report["held_out_accuracy"]] == [0, 1, 2]
+    assert medusa_generate.main(["--base_model", str(directory), "--medusa_dir", str(out), "--prompt", "hi",
+                                 "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
+
+    tree_file = tmp_path / "tree.json"
+    assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),
+                                     "--out", str(tree_file), "--budgets", "2,4,8", "--repeats", "1",
+                                     "--dtype", "fp32", "--context", "16"]) == 0
+    built = json.loads(tree_file.read_text())
+    assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
+
+
+def test_best_tree_is_prefix_closed_and_prefers_likely_paths():
+    accuracy = [[0.6, 0.2, 0.1], [0.5, 0.1, 0.05], [0.4, 0.1, 0.0]]
+    tree, expected = medusa_tree_builder.best_tree(accuracy, budget=4)
+    assert tree == [[0], [0, 0], [1], [0, 0, 0]]
+    assert expected == pytest.approx(0.6 + 0.3 + 0.2 + 0.12)
+    validate_tree(tree, num_heads=3)

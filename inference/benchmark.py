@@ -92,7 +92,7 @@ def summarise(rows: list[dict]) -> dict:
     tokens = sum(r["tokens"] for r in rows)
     base_s, med_s = sum(r["baseline_seconds"] for r in rows), sum(r["medusa_seconds"] for r in rows)
     decode_tokens = sum(r["tokens"] - 1 for r in rows)
-    steps = sum(r["medusa_steps"] - 1 for r in rows)
+    steps = sum(r["medusa_steps"] for r in rows)
     ms_step = 1000 * sum(r["medusa_decode_seconds"] for r in rows) / max(steps, 1)
     ms_token = 1000 * sum(r["baseline_decode_seconds"] for r in rows) / max(decode_tokens, 1)
     return {

@@ -12,7 +12,8 @@ from inference.sampling import Sampling
 
 @dataclass
 class DecodeStats:
-    """Per-call numbers; `accept_lengths` counts tokens emitted per step (1 = no speculation gain)."""
+    """Per-call numbers. `steps` and `accept_lengths` (tokens emitted per step, 1 = no gain from speculation)
+    count decoding steps after the prefill, whose single token is in `new_tokens` only."""
 
     new_tokens: int = 0
     steps: int = 0
@@ -21,7 +22,7 @@ class DecodeStats:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.new_tokens / self.steps if self.steps else 0.0
+        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -76,11 +77,14 @@ class StepEmitter:
         self.eos = set(request.eos_token_ids)
         self.stats = stats
         self.done = False
+        self.prefilled = False
         self.started = time.perf_counter()
 
     def emit(self, tokens: list[int]) -> list[int]:
-        self.stats.steps += 1
-        self.stats.accept_lengths[len(tokens)] += 1
+        if self.prefilled:
+            self.stats.steps += 1
+            self.stats.accept_lengths[len(tokens)] += 1
+        self.prefilled = True
         for i, token in enumerate(tokens):
             if token in self.eos:
                 tokens, self.done = tokens[: i + 1], True

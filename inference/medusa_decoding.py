@@ -59,7 +59,7 @@ def _accept_lengths(
 
 
 class MedusaDecoder:
-    """Verifies Medusa proposals for one base model + heads; buffers are cached per (tree, device, dtype)."""
+    """Verifies Medusa proposals for one base model + heads; tree buffers are built once per (tree, device)."""
 
     def __init__(self, base_model: PreTrainedModel, heads: nn.Module):
         self.base_model = base_model

@@ -82,9 +82,10 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     tree_file = tmp_path / "tree.json"
     assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),
                                      "--out", str(tree_file), "--budgets", "2,4,8", "--repeats", "1",
-                                     "--dtype", "fp32", "--context", "16"]) == 0
+                                     "--dtype", "fp32", "--context", "16", "--save_in_heads"]) == 0
     built = json.loads(tree_file.read_text())
     assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
+    assert json.loads((out / "config.json").read_text())["medusa_choices"] == built["tree"]
 
 
 def test_best_tree_is_prefix_closed_and_prefers_likely_paths():

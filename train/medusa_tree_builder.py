@@ -43,6 +43,8 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--save_in_heads", action="store_true",
+                        help="also record the chosen tree in the heads' config.json (their default tree)")
     return parser.parse_args(argv)
 
 
@@ -146,6 +148,11 @@ def main(argv=None) -> int:
         with open(args.out, "w") as file:
             json.dump(result, file)
             file.write("\n")
+        if args.save_in_heads:
+            config_path = resolve_model_dir(args.heads) / "config.json"
+            config = json.loads(config_path.read_text())
+            config["medusa_choices"] = best["tree"]
+            config_path.write_text(json.dumps(config, indent=2) + "\n")
         print(f"tree of {best['budget']} nodes written to {args.out} "
               f"(expected {best['expected_tokens_per_step']:.2f} tokens per step)", file=sys.stderr)
 

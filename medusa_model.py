@@ -103,7 +103,8 @@ class MedusaHeads(nn.ModuleList):
         heads = list(self)[: num_heads or len(self)]
         if self.own_lm_head:
             return torch.stack([head(hidden) for head in heads])
-        return lm_head(torch.stack([head(hidden) for head in heads]))
+        states = torch.stack([head(hidden) for head in heads])
+        return lm_head(states.to(lm_head.weight.dtype))  # heads may train in fp32 over a bf16 lm_head
 
     def init_from_lm_head(self, lm_head: nn.Module) -> None:
         """Own-lm_head heads start from the base lm_head (as upstream Medusa does)."""

@@ -100,11 +100,13 @@ class MedusaHeads(nn.ModuleList):
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None) -> torch.Tensor:
         """Logits [num_heads, *hidden.shape[:-1], vocab] of the first `num_heads` heads."""
-        heads = list(self)[: num_heads or len(self)]
         if self.own_lm_head:
-            return torch.stack([head(hidden) for head in heads])
-        states = torch.stack([head(hidden) for head in heads])
-        return lm_head(states.to(lm_head.weight.dtype))  # heads may train in fp32 over a bf16 lm_head
+            return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
+        return lm_head(self.states(hidden, num_heads).to(lm_head.weight.dtype))  # fp32 heads over a bf16 lm_head
+
+    def states(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """shared_lm_head: the heads' ResBlock outputs [num_heads, *hidden.shape], before the shared lm_head."""
+        return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
 
     def init_from_lm_head(self, lm_head: nn.Module) -> None:
         """Own-lm_head heads start from the base lm_head (as upstream Medusa does)."""

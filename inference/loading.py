@@ -114,3 +114,12 @@ def is_pangu(model) -> bool:
     return getattr(model.config, "model_type", "") == "PanguEmbedded"
 
 
+
+
+def load_base_from_args(args):
+    """(model, tokenizer, directory) from the --threads/--device/--dtype/--base_model flags the scripts share."""
+    from inference.devices import resolve_device, resolve_dtype, set_threads
+
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    return load_base(args.base_model, device, resolve_dtype(args.dtype, device))

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from inference import generate, medusa_generate
 from medusa_helpers import random_heads

@@ -1,7 +1,6 @@
 """Greedy Medusa decoding is token-for-token identical to plain greedy decoding (fp32)."""
 
 import pytest
-import torch
 
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.demo_model import DEMO_HEADS_DIR

@@ -10,7 +10,7 @@ from inference.errors import UserError
 from medusa_choices import load_tree, validate_tree
 from train import gen_distill_data, medusa_tree_builder, train_medusa
 from train.medusa_training import IGNORE, head_targets, read_samples
-from train.prompt_sources import iter_prompts, iter_sharegpt
+from train.prompt_sources import iter_sharegpt
 
 
 def test_truncated_sharegpt_file_yields_every_complete_conversation(tmp_path):

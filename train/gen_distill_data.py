@@ -16,9 +16,8 @@ from pathlib import Path
 import torch
 
 from inference.chat import prompt_ids
-from inference.devices import resolve_device, resolve_dtype, set_threads
-from inference.errors import UserError, run_command
-from inference.loading import load_base
+from inference.errors import run_command
+from inference.loading import load_base_from_args
 from train.prompt_sources import SHAREGPT, iter_prompts
 
 
@@ -79,9 +78,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     def body():
-        set_threads(args.threads)
-        device = resolve_device(args.device)
-        model, tokenizer, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
+        model, tokenizer, _ = load_base_from_args(args)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         done = done_indices(out)

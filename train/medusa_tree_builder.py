@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from inference.devices import resolve_device, resolve_dtype, set_threads, synchronize
+from inference.devices import synchronize
 from inference.errors import UserError, run_command
 from inference.kv_cache import KVBuffer
-from inference.loading import load_base, resolve_model_dir
+from inference.loading import load_base_from_args, resolve_model_dir
 from inference.tree_buffers import TreeMask, build_tree_buffers
 from medusa_choices import Tree
 from medusa_model import MedusaLoadError, load_heads
@@ -112,9 +112,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     def body():
-        set_threads(args.threads)
-        device = resolve_device(args.device)
-        model, _, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
+        model, _, _ = load_base_from_args(args)
+        device = model.device
         try:
             heads = load_heads(resolve_model_dir(args.heads), model.config.hidden_size, model.config.vocab_size)
         except MedusaLoadError as error:

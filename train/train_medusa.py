@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 
 from inference.demo_model import DEMO_NAME
-from inference.devices import resolve_device, resolve_dtype, set_threads
-from inference.errors import UserError, run_command
-from inference.loading import load_base
+from inference.errors import run_command
+from inference.loading import load_base_from_args
 from medusa_model import MedusaConfig, MedusaHeads, save_heads
 from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cache_hidden_states,
                                    pad_sequences, read_samples)
@@ -107,10 +106,9 @@ def main(argv=None) -> int:
 
     started = time.time()
     def body():
-        set_threads(args.threads)
         torch.manual_seed(args.seed)
-        device = resolve_device(args.device)
-        model, tokenizer, _ = load_base(args.base_model, device, resolve_dtype(args.dtype, device))
+        model, tokenizer, _ = load_base_from_args(args)
+        device = model.device
         samples = read_samples(args.data)
         random.Random(args.seed).shuffle(samples)
         held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0

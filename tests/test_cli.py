@@ -83,7 +83,7 @@ def write_truncated_checkpoint(source, target):
         (target / item.name).write_bytes(data[: len(data) // 2] if item.name.endswith("00002-of-00004.safetensors") else data)
 
 
-@pytest.mark.parametrize("case,message", [
+COMMON_BAD_INPUT = [
     ("missing", "does not exist"),
     ("empty", "is empty"),
     ("not_causal", "not a causal language model"),
@@ -91,14 +91,16 @@ def write_truncated_checkpoint(source, target):
     ("long_prompt", "exceeds the model's context"),
     ("device", "unknown device"),
     ("dtype", "unknown dtype"),
-    ("bad_tree", "not prefix-closed"),
     ("bad_prompts", "needs a 'prompt'"),
-])
-@pytest.mark.parametrize("main", [generate.main, medusa_generate.main])
+]
+BAD_INPUT = [(generate.main, *case) for case in COMMON_BAD_INPUT] + [
+    (medusa_generate.main, *case) for case in COMMON_BAD_INPUT + [("bad_tree", "not prefix-closed")]
+]
+
+
+@pytest.mark.parametrize("main,case,message", BAD_INPUT, ids=[f"{m.__module__.split('.')[-1]}-{c}" for m, c, _ in BAD_INPUT])
 def test_bad_input_is_one_clear_line_and_exit_2(tiny_pangu, tmp_path, capsys, main, case, message):
     directory, _ = tiny_pangu
-    if case == "bad_tree" and main is generate.main:
-        pytest.skip("trees are a Medusa option")
     base = str(directory)
     extra: list[str] = []
     if case == "missing":

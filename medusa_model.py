@@ -327,7 +327,7 @@ class MedusaModel(nn.Module):
                         stats=None):
         """Yield lists of new token ids, one list per verification step (batch size 1)."""
         from inference.decoding import DecodeRequest
-        from inference.medusa_decoding import Acceptance
+        from inference.medusa_decoding import Acceptance, default_rule
         from inference.sampling import Sampling
 
         ids = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
@@ -338,7 +338,7 @@ class MedusaModel(nn.Module):
         if eos_token_id is None:
             eos_token_id = self.base_model.generation_config.eos_token_id
         eos = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id or ())
-        rule = acceptance or ("greedy" if temperature == 0 else "sample")
+        rule = acceptance or default_rule(temperature)
         request = DecodeRequest(ids, max_new_tokens, eos, Sampling(temperature, top_p), seed)
         return self.decoder.decode(request, tree or self.tree, Acceptance(rule, posterior_threshold, posterior_alpha), stats)
 

@@ -69,8 +69,9 @@ def load_tokenizer(directory: Path):
 
 
 def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype):
-    """The base model in eval mode on `device`; a truncated or corrupt weights file is a clear error."""
-    _check_causal_lm(directory)
+    """The base model in eval mode on `device`; a truncated or corrupt weights file is a clear error.
+
+    `directory` must hold a causal-LM config (load_base checks that before loading the tokenizer)."""
     from transformers import AutoModelForCausalLM
 
     from transformers.utils import logging as hf_logging
@@ -112,8 +113,6 @@ def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype):
 
 def is_pangu(model) -> bool:
     return getattr(model.config, "model_type", "") == "PanguEmbedded"
-
-
 
 
 def load_base_from_args(args):

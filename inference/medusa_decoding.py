@@ -41,6 +41,11 @@ class Acceptance:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}")
 
 
+def default_rule(temperature: float) -> str:
+    """Exact greedy acceptance at temperature 0, lossless sampling otherwise."""
+    return "greedy" if temperature == 0 else "sample"
+
+
 def _accept_lengths(
     candidates: torch.Tensor, node_logits: torch.Tensor, predictions: torch.Tensor, paths: torch.Tensor,
     sampling: Sampling, acceptance: Acceptance,

@@ -15,7 +15,7 @@ from inference.cli import Session, base_parser, run_cli
 from inference.demo_model import DEMO_HEADS_DIR
 from inference.errors import UserError
 from inference.loading import load_base, resolve_model_dir
-from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance
+from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
 from medusa_choices import NAMED_TREES, TreeError, load_tree
 from medusa_model import COMBINED_CONFIG, MedusaLoadError, MedusaModel, is_one_checkpoint, load_heads
 
@@ -44,16 +44,14 @@ def load_medusa(args, device, dtype) -> MedusaModel:
         if medusa_dir is None and args.base_model is None and (DEMO_HEADS_DIR / "config.json").is_file():
             medusa_dir = str(DEMO_HEADS_DIR)
         model, tokenizer, base_dir = load_base(args.base_model, device, dtype)
-        if medusa_dir is not None:
-            heads_dir = resolve_model_dir(medusa_dir)
-        elif (base_dir / COMBINED_CONFIG).is_file() or is_one_checkpoint(base_dir):
-            heads_dir = base_dir
-        else:
+        if medusa_dir is None and ((base_dir / COMBINED_CONFIG).is_file() or is_one_checkpoint(base_dir)):
+            medusa_dir = str(base_dir)
+        if medusa_dir is None:
             print("No Medusa heads given: using untrained heads (exact output, about 1 token per step).",
                   file=sys.stderr)
             medusa = MedusaModel.untrained(model, tokenizer=tokenizer)
-            heads_dir = None
-        if heads_dir is not None:
+        else:
+            heads_dir = resolve_model_dir(medusa_dir)
             heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
             medusa = MedusaModel(model, heads, tokenizer)
             print(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout})",
@@ -69,7 +67,7 @@ def make_session(args, device, dtype) -> Session:
     if args.acceptance == "greedy" and args.temperature > 0:
         raise UserError("--acceptance greedy needs --temperature 0 (use sample or typical when sampling)")
     medusa = load_medusa(args, device, dtype)
-    rule = args.acceptance or ("greedy" if args.temperature == 0 else "sample")
+    rule = args.acceptance or default_rule(args.temperature)
     acceptance = Acceptance(rule, args.posterior_threshold, args.posterior_alpha)
     tree_size = len(medusa.tree) + 1
     print(f"Tree: {tree_size} tokens per step, depth {max(map(len, medusa.tree))}, acceptance {rule}", file=sys.stderr)

@@ -10,9 +10,10 @@ transformers 5, modern Llama configs (rope_theta, GQA, head_dim, biases), device
     for out in model.medusa_generate(input_ids, temperature=0.0, max_steps=512): ...
 
 Routing: a directory whose base model is OpenPangu-Embedded (a combined directory, or heads whose
-`base_model_name_or_path` is one) is served by THIS project's engine (medusa_model.MedusaModel: stock
-transformers forward, both head layouts, lossless acceptance) behind upstream's interface. Every other
-model goes through upstream's own (patched) code unchanged.
+`base_model_name_or_path` is one), or whose heads read token t+1 (which upstream cannot run), is served
+by THIS project's engine (medusa_model.MedusaModel: stock transformers forward, every head layout,
+lossless acceptance) behind upstream's interface. Every other model goes through upstream's own
+(patched) code unchanged.
 """
 
 import hashlib
@@ -55,6 +56,16 @@ def _base_model_type(directory: Path) -> str | None:
     return config.get("model_type")
 
 
+def _served_here(directory: Path) -> bool:
+    """OpenPangu bases and next-token heads go to this project's engine; the rest to upstream's."""
+    from medusa_model import read_medusa_config
+
+    if _base_model_type(directory) == "PanguEmbedded":
+        return True
+    config = read_medusa_config(directory)
+    return config is not None and config.medusa_head_input != "hidden"
+
+
 class OpenPanguMedusa:
     """Upstream's MedusaModel interface over this project's engine."""
 
@@ -95,7 +106,7 @@ def register_openpangu(upstream_model_class) -> None:
 
     def from_pretrained(cls, medusa_head_name_or_path, **kwargs):
         directory = Path(medusa_head_name_or_path)
-        if directory.is_dir() and _base_model_type(directory) == "PanguEmbedded":
+        if directory.is_dir() and _served_here(directory):
             from medusa_model import MedusaModel
 
             dtype = kwargs.get("torch_dtype") or kwargs.get("dtype")

@@ -9,6 +9,11 @@ token t, predicts token t+2+i. Two layouts:
 - `own_lm_head`: each head ends in its own Linear(hidden, vocab), as in upstream Medusa and the
   reference OpenPangu heads.
 
+Heads read either the hidden state alone (`medusa_head_input="hidden"`, upstream Medusa) or, with
+`"hidden_and_next_token"`, also the embedding of token t+1: the token the base model has just chosen at
+that position (the root of the next tree), so head 0 no longer has to guess it. Such a head starts with a
+Linear([hidden; embedding] -> hidden) initialised to pass the hidden state through.
+
 Files: a heads directory holds `config.json` (heads-only) and `medusa_lm_head.safetensors` (or `.pt`)
 with keys relative to the head list (`{i}.{j}.linear.weight`, `{i}.{n}.weight` for own_lm_head).
 A combined directory holds a base model's files with the heads beside them (`medusa_config.json` +
@@ -26,6 +31,7 @@ import torch
 from torch import nn
 
 LAYOUTS = ("shared_lm_head", "own_lm_head")
+HEAD_INPUTS = ("hidden", "hidden_and_next_token")
 HEADS_WEIGHTS = "medusa_lm_head.safetensors"
 HEADS_WEIGHTS_PT = "medusa_lm_head.pt"
 COMBINED_CONFIG = "medusa_config.json"
@@ -46,10 +52,13 @@ class MedusaConfig:
     vocab_size: int | None = None
     base_model_name_or_path: str | None = None
     medusa_choices: str | list | None = None  # the tree these heads were tuned with
+    medusa_head_input: str = "hidden"
 
     def __post_init__(self):
         if self.medusa_head_layout not in LAYOUTS:
             raise MedusaLoadError(f"medusa_head_layout must be one of {LAYOUTS}, not {self.medusa_head_layout!r}")
+        if self.medusa_head_input not in HEAD_INPUTS:
+            raise MedusaLoadError(f"medusa_head_input must be one of {HEAD_INPUTS}, not {self.medusa_head_input!r}")
         if self.medusa_num_heads < 1 or self.medusa_num_layers < 0:
             raise MedusaLoadError("medusa_num_heads must be >= 1 and medusa_num_layers >= 0")
 
@@ -63,7 +72,11 @@ class MedusaConfig:
         return cls(**fields)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """Fields that are set; the default head input is left out so upstream-style configs stay upstream's."""
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        if data["medusa_head_input"] == "hidden":
+            del data["medusa_head_input"]
+        return data
 
 
 class ResBlock(nn.Module):
@@ -79,13 +92,26 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
+class NextTokenInput(nn.Linear):
+    """Linear([hidden; embedding of token t+1]) -> hidden, starting as a pass-through of the hidden state."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__(2 * hidden_size, hidden_size)
+        with torch.no_grad():
+            self.weight.zero_()
+            self.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+            self.bias.zero_()
+
+
 class MedusaHeads(nn.ModuleList):
     """The list of heads; its state_dict keys are the upstream file format (`{i}.{j}.linear.weight`)."""
 
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
         own = config.medusa_head_layout == "own_lm_head"
+        reads_next_token = config.medusa_head_input == "hidden_and_next_token"
         super().__init__(
             nn.Sequential(
+                *([NextTokenInput(hidden_size)] if reads_next_token else []),
                 *[ResBlock(hidden_size) for _ in range(config.medusa_num_layers)],
                 *([nn.Linear(hidden_size, vocab_size, bias=False)] if own else []),
             )
@@ -93,19 +119,31 @@ class MedusaHeads(nn.ModuleList):
         )
         self.config = config
         self.own_lm_head = own
+        self.reads_next_token = reads_next_token
 
     @property
     def num_heads(self) -> int:
         return len(self)
 
-    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None) -> torch.Tensor:
-        """Logits [num_heads, *hidden.shape[:-1], vocab] of the first `num_heads` heads."""
-        if self.own_lm_head:
-            return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
-        return lm_head(self.states(hidden, num_heads).to(lm_head.weight.dtype))  # fp32 heads over a bf16 lm_head
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None,
+                next_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [num_heads, *hidden.shape[:-1], vocab] of the first `num_heads` heads.
 
-    def states(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """shared_lm_head: the heads' ResBlock outputs [num_heads, *hidden.shape], before the shared lm_head."""
+        `next_embeds` [*hidden.shape]: input embeddings of token t+1, required by next-token heads.
+        """
+        if self.own_lm_head:
+            return self.states(hidden, num_heads, next_embeds)
+        # fp32 heads over a bf16 lm_head
+        return lm_head(self.states(hidden, num_heads, next_embeds).to(lm_head.weight.dtype))
+
+    def states(self, hidden: torch.Tensor, num_heads: int | None = None,
+               next_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads' outputs [num_heads, *hidden.shape[:-1], -1]: logits for own_lm_head, else the states
+        that go through the shared lm_head."""
+        if self.reads_next_token:
+            if next_embeds is None:
+                raise ValueError("these heads read token t+1: pass next_embeds")
+            hidden = torch.cat([hidden, next_embeds.to(hidden.dtype)], dim=-1)
         return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
 
     def init_from_lm_head(self, lm_head: nn.Module) -> None:
@@ -191,7 +229,7 @@ def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) 
     if missing or unexpected:
         raise MedusaLoadError(
             f"the head weights in {directory} do not match {config.medusa_num_heads} heads x "
-            f"{config.medusa_num_layers} layers ({config.medusa_head_layout}): "
+            f"{config.medusa_num_layers} layers ({config.medusa_head_layout}, input {config.medusa_head_input}): "
             f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
             f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}"
         )

@@ -70,6 +70,8 @@ class MedusaDecoder:
         self.base_model = base_model
         self.heads = heads
         self._buffers: dict[tuple, TreeBuffers] = {}
+        # Heads that read token t+1 can only run once the base model has chosen it (after verification).
+        self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_next_token)
 
     def tree_buffers(self, tree: Tree) -> TreeBuffers:
         key = (tuple(map(tuple, tree)), str(self.base_model.device))
@@ -86,15 +88,20 @@ class MedusaDecoder:
         topk = head_logits.topk(buffers.topk, dim=-1).indices  # [depth, topk]
         return torch.cat([root.view(1), topk.flatten()])[buffers.tree_indices]
 
+    def _head_logits(self, hidden: torch.Tensor, root: torch.Tensor, depth: int) -> torch.Tensor:
+        """The heads' logits [depth, V] at one position [1, H] whose next token is `root`."""
+        embeds = self.base_model.get_input_embeddings()(root.view(1)) if self.heads.reads_next_token else None
+        return self.heads(hidden, self.base_model.lm_head, num_heads=depth, next_embeds=embeds)[:, 0]
+
     def _verify_logits(self, node_hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(base logits [T, V], heads' logits [depth, T, V] or None).
 
-        With a shared lm_head, the heads run on every tree node and their states go through the SAME
-        lm_head call as the verification rows: one pass over the vocabulary matrix per step instead of two
-        (it is memory-bound, so the extra rows are nearly free). Own-lm_head heads run after acceptance.
+        Plain shared-lm_head heads run on every tree node and their states go through the SAME lm_head
+        call as the verification rows: one pass over the vocabulary matrix per step instead of two (it is
+        memory-bound, so the extra rows are nearly free). Other heads run after acceptance.
         """
         lm_head = self.base_model.lm_head
-        if self.heads.own_lm_head:
+        if not self._heads_in_verification_pass:
             return lm_head(node_hidden), None
         size = node_hidden.shape[0]
         states = self.heads.states(node_hidden, depth).reshape(depth * size, -1).to(node_hidden.dtype)
@@ -124,7 +131,7 @@ class MedusaDecoder:
         prompt = torch.tensor([request.input_ids], device=device)
         hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
         root = choose_tokens(lm_head(hidden), sampling, generator)
-        head_logits = self.heads(hidden, lm_head, num_heads=buffers.depth)[:, 0]  # [depth, V]
+        head_logits = self._head_logits(hidden, root, buffers.depth)
         first = emitter.emit(root.tolist())
         yield first
         if emitter.done:
@@ -162,6 +169,6 @@ class MedusaDecoder:
             node = path[count]
             root = predictions[node]
             if all_head_logits is None:
-                head_logits = self.heads(node_hidden[node].unsqueeze(0), lm_head, num_heads=buffers.depth)[:, 0]
+                head_logits = self._head_logits(node_hidden[node].unsqueeze(0), root, buffers.depth)
             else:
                 head_logits = all_head_logits[:, node]

@@ -25,10 +25,12 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos=()) -> list[
     return [t for step in plain_decode(model, DecodeRequest(prompt, max_new_tokens, tuple(eos))) for t in step]
 
 
-def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, layout: str = "shared_lm_head"):
+def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, layout: str = "shared_lm_head",
+                 head_input: str = "hidden"):
     torch.manual_seed(seed)
     c = model.config
-    heads = MedusaHeads(MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size), c.hidden_size, c.vocab_size)
+    config = MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size, medusa_head_input=head_input)
+    heads = MedusaHeads(config, c.hidden_size, c.vocab_size)
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=std)
     return heads.to(model.dtype)

@@ -1,6 +1,7 @@
 """Greedy Medusa decoding is token-for-token identical to plain greedy decoding (fp32)."""
 
 import pytest
+import torch
 
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.demo_model import DEMO_HEADS_DIR
@@ -37,10 +38,11 @@ def test_plain_decoding_matches_hf_generate(tiny):
     assert [plain_greedy(model, p, NEW_TOKENS) for p in prompts] == references
 
 
+@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token"])
 @pytest.mark.parametrize("tree", TREES)
-def test_tiny_pangu_random_heads_equal_hf_greedy(tiny, tree):
+def test_tiny_pangu_random_heads_equal_hf_greedy(tiny, tree, head_input):
     model, prompts, references = tiny
-    decoder = MedusaDecoder(model, random_heads(model))
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     assert [medusa_ids(decoder, p, tree) for p in prompts] == references
 
 
@@ -53,6 +55,18 @@ def test_tiny_pangu_fitted_heads_accept_several_tokens_and_equal_hf_greedy(tiny,
     tokens_per_step = sum(s.new_tokens for s in stats) / sum(s.steps for s in stats)
     assert tokens_per_step > 2.0
     assert max(max(s.accept_lengths) for s in stats) >= 4
+
+
+def test_next_token_heads_read_the_token_the_base_model_just_chose(tiny):
+    model, prompts, references = tiny
+    heads = random_heads(model, head_input="hidden_and_next_token")
+    seen = []
+    heads.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["next_embeds"]), with_kwargs=True)
+    steps = list(MedusaDecoder(model, heads).decode(DecodeRequest(prompts[0], NEW_TOKENS), load_tree("tree_16")))
+    assert [t for step in steps for t in step] == references[0]
+    chosen = torch.tensor([step[-1] for step in steps[:-1]])  # after the last step no proposals are needed
+    assert len(seen) == len(chosen) > 10
+    assert torch.equal(torch.cat(seen), model.get_input_embeddings()(chosen))
 
 
 def first_occurrence_inside_a_chunk(steps: list[list[int]]) -> int | None:

@@ -12,17 +12,34 @@ from medusa_helpers import hf_greedy, random_heads, random_prompts
 from medusa_model import MedusaConfig, MedusaHeads, MedusaLoadError, MedusaModel, load_heads, save_heads
 
 
-@pytest.mark.parametrize("layout", ["shared_lm_head", "own_lm_head"])
-def test_heads_round_trip_in_both_layouts(tiny_pangu, tmp_path, layout):
+@pytest.mark.parametrize("layout,head_input", [
+    ("shared_lm_head", "hidden"), ("own_lm_head", "hidden"), ("shared_lm_head", "hidden_and_next_token"),
+])
+def test_heads_round_trip_in_every_layout(tiny_pangu, tmp_path, layout, head_input):
     model = tiny_pangu[1]
-    heads = random_heads(model, num_heads=3, layout=layout)
+    heads = random_heads(model, num_heads=3, layout=layout, head_input=head_input)
     save_heads(heads, tmp_path)
     loaded = load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
-    assert loaded.config.medusa_head_layout == layout
+    assert (loaded.config.medusa_head_layout, loaded.config.medusa_head_input) == (layout, head_input)
     for key, value in heads.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value)
-    hidden = torch.randn(2, model.config.hidden_size)
-    assert torch.equal(loaded(hidden, model.lm_head), heads(hidden, model.lm_head))
+    hidden, next_embeds = torch.randn(2, 2, model.config.hidden_size)
+    assert torch.equal(loaded(hidden, model.lm_head, next_embeds=next_embeds),
+                       heads(hidden, model.lm_head, next_embeds=next_embeds))
+
+
+def test_untrained_next_token_heads_start_as_plain_heads(tiny_pangu):
+    model = tiny_pangu[1]
+    c = model.config
+    plain = MedusaHeads(MedusaConfig(2, 1, "shared_lm_head"), c.hidden_size, c.vocab_size)
+    reading = MedusaHeads(MedusaConfig(2, 1, "shared_lm_head", medusa_head_input="hidden_and_next_token"),
+                          c.hidden_size, c.vocab_size)
+    for i in range(2):
+        reading[i][1].load_state_dict(plain[i][0].state_dict())
+    hidden, next_embeds = torch.randn(2, 4, c.hidden_size)
+    assert torch.allclose(reading(hidden, model.lm_head, next_embeds=next_embeds), plain(hidden, model.lm_head))
+    with pytest.raises(ValueError, match="next_embeds"):
+        reading(hidden, model.lm_head)
 
 
 def test_own_lm_head_keys_follow_upstream_layout(tiny_pangu):
@@ -46,6 +63,8 @@ def test_pt_heads_load_with_weights_only(tiny_pangu, tmp_path):
     ({"vocab_size": 7}, "vocab_size=7"),
     ({"medusa_num_heads": 5}, "missing"),
     ({"medusa_head_layout": "own_lm_head"}, "missing"),
+    ({"medusa_head_input": "hidden_and_next_token"}, "unexpected"),
+    ({"medusa_head_input": "tokens"}, "medusa_head_input must be one of"),
 ])
 def test_mismatched_heads_are_a_clear_error(tiny_pangu, tmp_path, change, message):
     model = tiny_pangu[1]

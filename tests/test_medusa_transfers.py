@@ -1,5 +1,6 @@
 """A Medusa step makes exactly one device-to-host transfer (host syncs are what kill speculative speed-ups)."""
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -41,9 +42,10 @@ def test_counter_sees_a_host_read():
     assert counter.count == 2
 
 
-def test_each_medusa_step_reads_the_device_once(tiny_pangu):
+@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token"])
+def test_each_medusa_step_reads_the_device_once(tiny_pangu, head_input):
     model = tiny_pangu[1]
-    decoder = MedusaDecoder(model, random_heads(model))
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     per_step = reads_per_step(decoder.decode(DecodeRequest(prompt, 60), load_tree("mc_sim_7b_63")))
     assert len(per_step) > 10

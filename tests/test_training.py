@@ -67,14 +67,16 @@ def test_distillation_resumes_without_losing_or_duplicating(distilled, tiny_pang
     assert logits[start : start + len(first["output_ids"])].argmax(-1).tolist() == first["output_ids"]
 
 
-def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, capsys):
+@pytest.mark.parametrize("head_input,batches", [("hidden", "--cache_hidden"), ("hidden_and_next_token", None)])
+def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, capsys, head_input, batches):
     directory, data = distilled
     out = tmp_path / "heads"
     assert train_medusa.main(["--base_model", str(directory), "--data", str(data), "--out", str(out),
-                              "--num_heads", "3", "--cache_hidden", "--epochs", "2", "--batch_size", "32",
-                              "--dtype", "fp32", "--lr", "3e-3"]) == 0
+                              "--num_heads", "3", "--epochs", "2", "--batch_size", "32", "--dtype", "fp32",
+                              "--lr", "3e-3", "--head_input", head_input] + ([batches] if batches else [])) == 0
     report = json.loads((out / "training_report.json").read_text())
     assert [row["head"] for row in report["held_out_accuracy"]] == [0, 1, 2]
+    assert json.loads((out / "config.json").read_text()).get("medusa_head_input", "hidden") == head_input
     assert medusa_generate.main(["--base_model", str(directory), "--medusa_dir", str(out), "--prompt", "hi",
                                  "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8

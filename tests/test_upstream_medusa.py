@@ -142,6 +142,20 @@ def test_upstream_api_on_an_openpangu_medusa_directory_matches_our_engine(tiny_p
     assert last["ids"] == expected == hf_greedy(model, prompt, 40)
 
 
+def test_heads_reading_the_next_token_are_served_by_our_engine_for_any_base(tmp_path):
+    model, upstream_heads = tiny_llama_medusa(tmp_path)
+    heads = random_heads(model, num_heads=4, head_input="hidden_and_next_token")
+    heads.config.base_model_name_or_path = json.loads((upstream_heads / "config.json").read_text())["base_model_name_or_path"]
+    save_heads(heads, tmp_path / "next_token_heads")
+    served = upstream.MedusaModel.from_pretrained(str(tmp_path / "next_token_heads"), torch_dtype=torch.float32)
+    assert isinstance(served, medusa_compat.OpenPanguMedusa)
+    prompt = [1, 5, 17, 99, 3, 250, 42]
+    last = None
+    for last in served.medusa_generate(torch.tensor([prompt]), medusa_choices=mc_sim_7b_63, max_new_tokens=40):
+        pass
+    assert last["ids"] == hf_greedy(model, prompt, 40)
+
+
 def test_missing_vendored_copy_says_to_run_apply_patches(monkeypatch, tmp_path):
     monkeypatch.setattr(medusa_compat, "VENDORED", tmp_path / "nothing")
     with pytest.raises(medusa_compat.UpstreamMedusaMissing, match="bash apply_patches.sh"):

@@ -1,7 +1,8 @@
 """What head training needs besides the Trainer: samples, targets, hidden-state caching, the loss.
 
 Head i at position t is trained to predict token t+2+i (the base model's own lm_head predicts t+1).
-Only positions whose targets are response tokens count; prompt tokens are masked.
+Only positions whose targets are response tokens count; prompt tokens are masked. Heads that read
+token t+1 (`medusa_head_input="hidden_and_next_token"`) get its embedding from the frozen base model.
 """
 
 import json
@@ -80,27 +81,32 @@ def pad_sequences(batch: list[dict], pad_id: int) -> dict:
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
+def next_tokens(input_ids: torch.Tensor) -> torch.Tensor:
+    """Token t+1 for every position t (0 after the last one, where no head has a target)."""
+    return torch.cat([input_ids[..., 1:], torch.zeros_like(input_ids[..., :1])], dim=-1)
+
+
 class CachedPositions(Dataset):
-    """One row per trainable position: the frozen base model's hidden state and the heads' targets.
+    """One row per trainable position: the frozen base model's hidden state, token t+1, the heads' targets.
 
     With a frozen base, the base forward is the same in every epoch, so on a CPU it is run once and
     cached; training then touches only the heads and the (frozen) vocabulary projection.
     """
 
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor):
-        self.hidden, self.targets = hidden, targets
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, next_ids: torch.Tensor):
+        self.hidden, self.targets, self.next_ids = hidden, targets, next_ids
 
     def __len__(self):
         return self.hidden.shape[0]
 
     def __getitem__(self, index):
-        return {"hidden_states": self.hidden[index], "labels": self.targets[index]}
+        return {"hidden_states": self.hidden[index], "next_ids": self.next_ids[index], "labels": self.targets[index]}
 
 
 @torch.inference_mode()
 def cache_hidden_states(base_model, samples: list[dict], num_heads: int, max_length: int, progress=None):
-    """(hidden [N, H] in the model dtype, targets [N, num_heads]) for every position with a target."""
-    hidden_rows, target_rows = [], []
+    """(hidden [N, H] in the model dtype, targets [N, num_heads], token t+1 [N]) for every position with a target."""
+    hidden_rows, target_rows, next_rows = [], [], []
     for sample in samples:
         ids = (sample["prompt_ids"] + sample["output_ids"])[:max_length]
         targets = head_targets(len(sample["prompt_ids"]), ids, num_heads)
@@ -108,31 +114,40 @@ def cache_hidden_states(base_model, samples: list[dict], num_heads: int, max_len
         hidden = base_model.model(input_ids=torch.tensor([ids], device=base_model.device)).last_hidden_state[0]
         hidden_rows.append(hidden[keep.to(hidden.device)].cpu())
         target_rows.append(targets[keep])
+        next_rows.append(next_tokens(torch.tensor(ids))[keep])
         if progress is not None:
             progress.update()
-    return torch.cat(hidden_rows), torch.cat(target_rows)
+    return torch.cat(hidden_rows), torch.cat(target_rows), torch.cat(next_rows)
 
 
 class MedusaTrainingModule(nn.Module):
-    """Heads + frozen base (or cached hidden states) -> weighted sum of per-head cross-entropies."""
+    """Heads + frozen base (or cached hidden states) -> weighted sum of per-head cross-entropies.
 
-    def __init__(self, heads: nn.Module, lm_head: nn.Module, base_model: nn.Module | None, head_weights: list[float]):
+    `base_model` runs in the step (sequence batches) or is None (cached hidden states); its lm_head and
+    input embeddings are used frozen either way. Only the heads are submodules: checkpoints, optimizer
+    state and DeepSpeed see the heads alone, never a second copy of the base model.
+    """
+
+    def __init__(self, heads: nn.Module, lm_head: nn.Module, embeddings: nn.Module, base_model: nn.Module | None,
+                 head_weights: list[float]):
         super().__init__()
         self.heads = heads
-        self.lm_head = lm_head
-        self.base_model = base_model
-        for module in (lm_head, base_model):
+        for module in (lm_head, embeddings, base_model):
             if module is not None:
                 module.requires_grad_(False)
+        self.frozen = (lm_head, embeddings, base_model)  # a tuple: not registered as submodules
         self.head_weights = head_weights
         self.last_accuracy: list[tuple[float, float, int]] = []
 
-    def forward(self, labels, hidden_states=None, input_ids=None, attention_mask=None):
+    def forward(self, labels, hidden_states=None, next_ids=None, input_ids=None, attention_mask=None):
+        lm_head, embeddings, base_model = self.frozen
         if hidden_states is None:
             with torch.no_grad():
-                hidden_states = self.base_model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                hidden_states = base_model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            next_ids = next_tokens(input_ids)
         hidden_states = hidden_states.to(next(self.heads.parameters()).dtype)
-        logits = self.heads(hidden_states, self.lm_head)  # [heads, ..., V]
+        next_embeds = embeddings(next_ids) if self.heads.reads_next_token else None
+        logits = self.heads(hidden_states, lm_head, next_embeds=next_embeds)  # [heads, ..., V]
         loss, accuracy = 0.0, []
         for i, weight in enumerate(self.head_weights):
             head_logits, target = logits[i].reshape(-1, logits.shape[-1]), labels[..., i].reshape(-1)

@@ -49,14 +49,16 @@ def parse_args(argv=None):
 
 
 @torch.no_grad()
-def rank_accuracy(heads, lm_head, hidden: torch.Tensor, targets: torch.Tensor, top_k: int, batch: int = 512) -> list[list[float]]:
+def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, next_ids: torch.Tensor, top_k: int,
+                  batch: int = 512) -> list[list[float]]:
     """acc[i][r]: fraction of positions where head i's rank-r token is the target."""
     hits = torch.zeros(heads.num_heads, top_k)
     counts = torch.zeros(heads.num_heads)
     for start in range(0, hidden.shape[0], batch):
         h = hidden[start : start + batch].to(next(heads.parameters()).device, next(heads.parameters()).dtype)
         t = targets[start : start + batch].to(h.device)
-        top = heads(h, lm_head).topk(top_k, dim=-1).indices  # [heads, B, k]
+        embeds = model.get_input_embeddings()(next_ids[start : start + batch].to(h.device)) if heads.reads_next_token else None
+        top = heads(h, model.lm_head, next_embeds=embeds).topk(top_k, dim=-1).indices  # [heads, B, k]
         for i in range(heads.num_heads):
             valid = t[:, i] != IGNORE
             hits[i] += (top[i][valid] == t[valid, i].unsqueeze(-1)).float().sum(0).cpu()
@@ -101,7 +103,8 @@ def forward_ms(model, tokens: int, context: int, repeats: int, tree: Tree | None
         hidden = model.model(input_ids=ids, cache=cache, **kwargs).last_hidden_state
         model.lm_head(hidden)
         if tree is not None:
-            heads(hidden[:, 0], model.lm_head, num_heads=buffers.depth).topk(buffers.topk, dim=-1)
+            embeds = model.get_input_embeddings()(ids[:, 0]) if heads.reads_next_token else None
+            heads(hidden[:, 0], model.lm_head, num_heads=buffers.depth, next_embeds=embeds).topk(buffers.topk, dim=-1)
         synchronize(device)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times[1:])
@@ -121,9 +124,9 @@ def main(argv=None) -> int:
         heads = heads.to(device=device, dtype=model.dtype).eval()
         samples = read_samples(args.data)[: args.max_samples]
         progress = tqdm(total=len(samples), desc="held-out hidden states", unit="sample", file=sys.stderr)
-        hidden, targets = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
+        hidden, targets, next_ids = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
         progress.close()
-        accuracy = rank_accuracy(heads, model.lm_head, hidden, targets, args.top_k)
+        accuracy = rank_accuracy(heads, model, hidden, targets, next_ids, args.top_k)
         budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
         plain_ms = forward_ms(model, 1, args.context, args.repeats, None)
         candidates = []

@@ -22,7 +22,7 @@ import torch
 from inference.demo_model import DEMO_NAME
 from inference.errors import run_command
 from inference.loading import load_base_from_args
-from medusa_model import MedusaConfig, MedusaHeads, save_heads
+from medusa_model import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads
 from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cache_hidden_states,
                                    pad_sequences, read_samples)
 
@@ -34,7 +34,9 @@ def parse_args(argv=None):
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--num_layers", type=int, default=1, help="ResBlocks per head")
-    parser.add_argument("--layout", choices=["shared_lm_head", "own_lm_head"], default="shared_lm_head")
+    parser.add_argument("--layout", choices=LAYOUTS, default="shared_lm_head")
+    parser.add_argument("--head_input", choices=HEAD_INPUTS, default="hidden",
+                        help="hidden_and_next_token: heads also read the embedding of token t+1 (the tree's root)")
     parser.add_argument("--head_decay", type=float, default=0.8, help="loss weight of head i is decay**i")
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -87,8 +89,7 @@ def evaluate_accuracy(module: MedusaTrainingModule, dataset, batch_size: int) ->
     for start in range(0, len(dataset), batch_size):
         items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         if "hidden_states" in items[0]:
-            batch = {"hidden_states": torch.stack([x["hidden_states"] for x in items]),
-                     "labels": torch.stack([x["labels"] for x in items])}
+            batch = {key: torch.stack([x[key] for x in items]) for key in items[0]}
         else:
             batch = pad_sequences(items, 0)
         device = next(module.heads.parameters()).device
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
         train_samples, eval_samples = samples[held_out:], samples[:held_out]
         hidden, vocab = model.config.hidden_size, model.config.vocab_size
         config = MedusaConfig(args.num_heads, args.num_layers, args.layout, hidden, vocab,
-                              args.base_model or DEMO_NAME, args.tree)
+                              args.base_model or DEMO_NAME, args.tree, args.head_input)
         heads = MedusaHeads(config, hidden, vocab).to(device)
         heads.init_from_lm_head(model.lm_head)
         weights = [args.head_decay**i for i in range(args.num_heads)]
@@ -124,12 +125,12 @@ def main(argv=None) -> int:
             train_set = CachedPositions(*cache_hidden_states(model, train_samples, args.num_heads, args.max_length, progress))
             eval_set = CachedPositions(*cache_hidden_states(model, eval_samples, args.num_heads, args.max_length, progress))
             progress.close()
-            module = MedusaTrainingModule(heads, model.lm_head, None, weights)
+            module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), None, weights)
             collator = None
         else:
             train_set = SequenceDataset(train_samples, args.num_heads, args.max_length)
             eval_set = SequenceDataset(eval_samples, args.num_heads, args.max_length)
-            module = MedusaTrainingModule(heads, model.lm_head, model, weights)
+            module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), model, weights)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             collator = lambda batch: pad_sequences(batch, pad)  # noqa: E731
         print(f"{len(train_samples)} training / {len(eval_samples)} held-out samples, "

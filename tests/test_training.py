@@ -90,6 +90,13 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     assert json.loads((out / "config.json").read_text())["medusa_choices"] == built["tree"]
 
 
+@pytest.mark.parametrize("name,local_rank,expected", [
+    ("npu", "3", "npu:3"), ("cuda", "1", "cuda:1"), ("npu:2", "3", "npu:2"), ("cpu", "3", "cpu"), ("npu", None, "npu"),
+])
+def test_each_torchrun_process_trains_on_its_own_device(name, local_rank, expected):
+    assert train_medusa.process_device(name, local_rank) == expected
+
+
 def test_best_tree_is_prefix_closed_and_prefers_likely_paths():
     accuracy = [[0.6, 0.2, 0.1], [0.5, 0.1, 0.05], [0.4, 0.1, 0.0]]
     tree, expected = medusa_tree_builder.best_tree(accuracy, budget=4)

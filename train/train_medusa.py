@@ -12,6 +12,7 @@ inference/medusa_generate.py --medusa_dir loads directly.
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from inference.demo_model import DEMO_NAME
+from inference.devices import resolve_device
 from inference.errors import run_command
 from inference.loading import load_base_from_args
 from medusa_model import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads
@@ -53,6 +55,15 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tree", help="tree to record in the heads' config (name or JSON file from the tree builder)")
     return parser.parse_args(argv)
+
+
+def process_device(name: str, local_rank: str | None) -> str:
+    """Under torchrun every process trains on its own accelerator: `npu`, `cuda` or `auto` get index LOCAL_RANK
+    (otherwise every rank would load the base model onto device 0)."""
+    if local_rank is None or name == "cpu" or ":" in name:
+        return name
+    kind = name if name in ("npu", "cuda") else resolve_device(name).type
+    return name if kind == "cpu" else f"{kind}:{local_rank}"
 
 
 def build_trainer_class():
@@ -108,6 +119,7 @@ def main(argv=None) -> int:
     started = time.time()
     def body():
         torch.manual_seed(args.seed)
+        args.device = process_device(args.device, os.environ.get("LOCAL_RANK"))
         model, tokenizer, _ = load_base_from_args(args)
         device = model.device
         samples = read_samples(args.data)
@@ -144,6 +156,8 @@ def main(argv=None) -> int:
             dataloader_num_workers=0, remove_unused_columns=False, seed=args.seed, deepspeed=args.deepspeed,
             use_cpu=device.type == "cpu",
         )
+        if not args.cache_hidden:
+            model.to(training_args.device)  # the frozen base follows the device the Trainer puts the heads on
         trainer = build_trainer_class()(model=module, args=training_args, train_dataset=train_set, data_collator=collator)
         resume = args.resume and any(Path(args.out).glob("checkpoint-*"))
         trainer.train(resume_from_checkpoint=True if resume else None)

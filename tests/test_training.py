@@ -1,6 +1,7 @@
 """The head-training pipeline: prompt sources, distillation data, targets, training, tree building."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -88,6 +89,21 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     built = json.loads(tree_file.read_text())
     assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
     assert json.loads((out / "config.json").read_text())["medusa_choices"] == built["tree"]
+
+
+def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):
+    directory, data = distilled
+    out = tmp_path / "heads"
+    common = ["--base_model", str(directory), "--data", str(data), "--out", str(out), "--num_heads", "2",
+              "--cache_hidden", "--batch_size", "32", "--dtype", "fp32"]
+    assert train_medusa.main(common + ["--epochs", "1"]) == 0
+    first = json.loads((out / "training_report.json").read_text())["steps"]
+    assert (out / f"checkpoint-{first}").is_dir()
+    caplog.set_level(logging.INFO, logger="transformers.trainer")
+    assert train_medusa.main(common + ["--epochs", "2", "--resume"]) == 0
+    assert f"Loading model from {out / f'checkpoint-{first}'}" in caplog.text
+    state = json.loads((out / f"checkpoint-{2 * first}" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 * first
 
 
 @pytest.mark.parametrize("name,local_rank,expected", [

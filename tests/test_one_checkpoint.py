@@ -13,10 +13,10 @@ from medusa_helpers import hf_greedy, random_heads, random_prompts
 from medusa_model import MedusaModel, load_heads
 
 
-@pytest.fixture(scope="module")
-def medusa(tiny_pangu):
+@pytest.fixture(scope="module", params=["hidden", "hidden_and_next_token"])
+def medusa(tiny_pangu, request):
     directory, model = tiny_pangu
-    heads = random_heads(model, num_heads=3, layout="own_lm_head")
+    heads = random_heads(model, num_heads=3, layout="own_lm_head", head_input=request.param)
     return MedusaModel(model, heads, AutoTokenizer.from_pretrained(directory), tree=load_tree("tree_16"))
 
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from inference.errors import UserError
+from inference.jsonl import jsonl_lines
 from openpangu_model import NO_THINK_SUFFIX, split_thinking
 
 PANGU_THINK_MARKERS = {"[unused16]": "<think>\n", "[unused17]": "\n</think>\n", "[unused10]": ""}
@@ -33,9 +34,7 @@ def read_prompts(path: str) -> list[dict]:
     if not file.is_file():
         raise UserError(f"prompt file {path} does not exist")
     items = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(file):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:

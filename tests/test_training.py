@@ -30,6 +30,16 @@ def test_head_targets_skip_the_prompt_and_shift_per_head():
     assert targets[4:].eq(IGNORE).all()
 
 
+def test_records_with_unicode_line_separators_are_read_whole_and_kept_on_resume(tmp_path):
+    records = [{"index": i, "prompt_ids": [1, 2], "output_ids": [3, 4, 5], "text": f"line\u2028break\x85{i}"}
+               for i in range(3)]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    assert len(read_samples(path)) == 3
+    assert gen_distill_data.done_indices(path) == {0, 1, 2}
+    assert [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line] == records
+
+
 def test_malformed_and_empty_data_are_clear_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt_ids": [1]}\n')
     with pytest.raises(UserError, match="bad.jsonl:1"):

@@ -17,6 +17,7 @@ import torch
 
 from inference.chat import prompt_ids
 from inference.errors import run_command
+from inference.jsonl import jsonl_lines
 from inference.loading import load_base_from_args
 from train.prompt_sources import SHAREGPT, iter_prompts
 
@@ -44,7 +45,7 @@ def done_indices(path: Path) -> set[int]:
     if not path.exists():
         return set()
     done, good = set(), []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for _, line in jsonl_lines(path):
         try:
             done.add(json.loads(line)["index"])
             good.append(line)

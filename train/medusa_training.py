@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from inference.errors import UserError
+from inference.jsonl import jsonl_lines
 
 IGNORE = -100
 
@@ -23,9 +24,7 @@ def read_samples(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise UserError(f"training data {path} does not exist (make it with train/gen_distill_data.py)")
     samples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(path):
         try:
             record = json.loads(line)
             prompt, output = record["prompt_ids"], record["output_ids"]

@@ -54,7 +54,8 @@ def load_medusa(args, device, dtype) -> MedusaModel:
             heads_dir = resolve_model_dir(medusa_dir)
             heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
             medusa = MedusaModel(model, heads, tokenizer)
-            print(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout})",
+            print(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
+                  f"input {heads.config.medusa_head_input})",
                   file=sys.stderr)
         if args.medusa_choices:
             medusa.tree = load_tree(args.medusa_choices, medusa.medusa_head.num_heads)

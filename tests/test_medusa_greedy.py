@@ -120,5 +120,5 @@ def test_demo_model_greedy_equal_hf_for_three_trees(demo_model):
     else:
         heads = MedusaModel.untrained(model).medusa_head
     decoder = MedusaDecoder(model, heads)
-    for tree in ["mc_sim_7b_63", "chain_2", "tree_8"]:
+    for tree in ["openpangu_3head", "chain_2", "tree_8"]:
         assert [medusa_ids(decoder, p, tree) for p in prompts] == references, tree

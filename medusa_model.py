@@ -136,6 +136,10 @@ class MedusaHeads(nn.ModuleList):
         # fp32 heads over a bf16 lm_head
         return lm_head(self.states(hidden, num_heads, next_embeds).to(lm_head.weight.dtype))
 
+    def next_token_embeds(self, embeddings: nn.Module, next_ids: torch.Tensor) -> torch.Tensor | None:
+        """The `next_embeds` these heads take: embeddings of token t+1, or None for hidden-only heads."""
+        return embeddings(next_ids) if self.reads_next_token else None
+
     def states(self, hidden: torch.Tensor, num_heads: int | None = None,
                next_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """The heads' outputs [num_heads, *hidden.shape[:-1], -1]: logits for own_lm_head, else the states

@@ -70,6 +70,7 @@ class MedusaDecoder:
         self.base_model = base_model
         self.heads = heads
         self._buffers: dict[tuple, TreeBuffers] = {}
+        self._embeddings = base_model.get_input_embeddings()
         # Heads that read token t+1 can only run once the base model has chosen it (after verification).
         self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_next_token)
 
@@ -90,7 +91,7 @@ class MedusaDecoder:
 
     def _head_logits(self, hidden: torch.Tensor, root: torch.Tensor, depth: int) -> torch.Tensor:
         """The heads' logits [depth, V] at one position [1, H] whose next token is `root`."""
-        embeds = self.base_model.get_input_embeddings()(root.view(1)) if self.heads.reads_next_token else None
+        embeds = self.heads.next_token_embeds(self._embeddings, root.view(1))
         return self.heads(hidden, self.base_model.lm_head, num_heads=depth, next_embeds=embeds)[:, 0]
 
     def _verify_logits(self, node_hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -145,7 +145,7 @@ class MedusaTrainingModule(nn.Module):
                 hidden_states = base_model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             next_ids = next_tokens(input_ids)
         hidden_states = hidden_states.to(next(self.heads.parameters()).dtype)
-        next_embeds = embeddings(next_ids) if self.heads.reads_next_token else None
+        next_embeds = self.heads.next_token_embeds(embeddings, next_ids)
         logits = self.heads(hidden_states, lm_head, next_embeds=next_embeds)  # [heads, ..., V]
         loss, accuracy = 0.0, []
         for i, weight in enumerate(self.head_weights):

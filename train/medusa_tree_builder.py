@@ -57,7 +57,7 @@ def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, nex
     for start in range(0, hidden.shape[0], batch):
         h = hidden[start : start + batch].to(next(heads.parameters()).device, next(heads.parameters()).dtype)
         t = targets[start : start + batch].to(h.device)
-        embeds = model.get_input_embeddings()(next_ids[start : start + batch].to(h.device)) if heads.reads_next_token else None
+        embeds = heads.next_token_embeds(model.get_input_embeddings(), next_ids[start : start + batch].to(h.device))
         top = heads(h, model.lm_head, next_embeds=embeds).topk(top_k, dim=-1).indices  # [heads, B, k]
         for i in range(heads.num_heads):
             valid = t[:, i] != IGNORE
@@ -103,7 +103,7 @@ def forward_ms(model, tokens: int, context: int, repeats: int, tree: Tree | None
         hidden = model.model(input_ids=ids, cache=cache, **kwargs).last_hidden_state
         model.lm_head(hidden)
         if tree is not None:
-            embeds = model.get_input_embeddings()(ids[:, 0]) if heads.reads_next_token else None
+            embeds = heads.next_token_embeds(model.get_input_embeddings(), ids[:, 0])
             heads(hidden[:, 0], model.lm_head, num_heads=buffers.depth, next_embeds=embeds).topk(buffers.topk, dim=-1)
         synchronize(device)
         times.append(time.perf_counter() - start)

@@ -57,13 +57,14 @@ def _base_model_type(directory: Path) -> str | None:
 
 
 def _served_here(directory: Path) -> bool:
-    """OpenPangu bases and next-token heads go to this project's engine; the rest to upstream's."""
+    """OpenPangu bases and heads upstream cannot read (next-token input, draft vocabulary) go to this
+    project's engine; the rest to upstream's."""
     from medusa_model import read_medusa_config
 
     if _base_model_type(directory) == "PanguEmbedded":
         return True
     config = read_medusa_config(directory)
-    return config is not None and config.medusa_head_input != "hidden"
+    return config is not None and (config.medusa_head_input != "hidden" or config.medusa_draft_vocab_size is not None)
 
 
 class OpenPanguMedusa:

@@ -14,6 +14,11 @@ Heads read either the hidden state alone (`medusa_head_input="hidden"`, upstream
 that position (the root of the next tree), so head 0 no longer has to guess it. Such a head starts with a
 Linear([hidden; embedding] -> hidden) initialised to pass the hidden state through.
 
+Shared-lm_head heads may carry a draft vocabulary (`medusa_draft_vocab_size` ids, the `draft_vocab`
+tensor): the tokens the base model emits most often. Proposals are then scored over those rows of the
+lm_head only: the heads' projection costs K/V of a full one, and the tokens left out are ones a head
+rarely gets right anyway. Verification always uses the full vocabulary, so the output is unchanged.
+
 Files: a heads directory holds `config.json` (heads-only) and `medusa_lm_head.safetensors` (or `.pt`)
 with keys relative to the head list (`{i}.{j}.linear.weight`, `{i}.{n}.weight` for own_lm_head).
 A combined directory holds a base model's files with the heads beside them (`medusa_config.json` +
@@ -53,6 +58,7 @@ class MedusaConfig:
     base_model_name_or_path: str | None = None
     medusa_choices: str | list | None = None  # the tree these heads were tuned with
     medusa_head_input: str = "hidden"
+    medusa_draft_vocab_size: int | None = None  # proposals only from these most frequent tokens
 
     def __post_init__(self):
         if self.medusa_head_layout not in LAYOUTS:
@@ -61,6 +67,11 @@ class MedusaConfig:
             raise MedusaLoadError(f"medusa_head_input must be one of {HEAD_INPUTS}, not {self.medusa_head_input!r}")
         if self.medusa_num_heads < 1 or self.medusa_num_layers < 0:
             raise MedusaLoadError("medusa_num_heads must be >= 1 and medusa_num_layers >= 0")
+        if self.medusa_draft_vocab_size is not None:
+            if self.medusa_head_layout != "shared_lm_head":
+                raise MedusaLoadError("a draft vocabulary needs shared_lm_head heads")
+            if self.medusa_draft_vocab_size < 1:
+                raise MedusaLoadError("medusa_draft_vocab_size must be >= 1")
 
     @classmethod
     def from_dict(cls, data: dict) -> "MedusaConfig":
@@ -120,6 +131,10 @@ class MedusaHeads(nn.ModuleList):
         self.config = config
         self.own_lm_head = own
         self.reads_next_token = reads_next_token
+        if config.medusa_draft_vocab_size is not None:
+            self.register_buffer("draft_vocab", torch.zeros(config.medusa_draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
 
     @property
     def num_heads(self) -> int:
@@ -149,6 +164,20 @@ class MedusaHeads(nn.ModuleList):
                 raise ValueError("these heads read token t+1: pass next_embeds")
             hidden = torch.cat([hidden, next_embeds.to(hidden.dtype)], dim=-1)
         return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
+
+    def proposal_lm_head(self, lm_head: nn.Linear) -> nn.Linear:
+        """The projection proposals are scored with: the shared lm_head cut to the draft vocabulary (a copy:
+        build it once, not per step), or the lm_head itself. Map its output indices back with `token_ids`."""
+        if self.draft_vocab is None:
+            return lm_head
+        rows = nn.Linear(lm_head.in_features, len(self.draft_vocab), bias=False, device="meta")
+        weight = lm_head.weight.detach().index_select(0, self.draft_vocab.to(lm_head.weight.device))
+        rows.weight = nn.Parameter(weight, requires_grad=False)
+        return rows
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the `proposal_lm_head` output."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
 
     def init_from_lm_head(self, lm_head: nn.Module) -> None:
         """Own-lm_head heads start from the base lm_head (as upstream Medusa does)."""
@@ -244,6 +273,8 @@ def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) 
                 "(heads trained for another model?)"
             )
     heads.load_state_dict(state)
+    if heads.draft_vocab is not None and not (0 <= int(heads.draft_vocab.min()) and int(heads.draft_vocab.max()) < vocab_size):
+        raise MedusaLoadError(f"the draft vocabulary in {directory} holds ids outside the base vocabulary ({vocab_size})")
     return heads
 
 

@@ -70,9 +70,12 @@ class MedusaDecoder:
         self.base_model = base_model
         self.heads = heads
         self._buffers: dict[tuple, TreeBuffers] = {}
+        self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
-        # Heads that read token t+1 can only run once the base model has chosen it (after verification).
-        self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_next_token)
+        # Heads that read token t+1 can only run once the base model has chosen it (after verification);
+        # heads with a draft vocabulary run after it too, through their own small projection.
+        self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_next_token
+                                                or heads.draft_vocab is not None)
 
     def tree_buffers(self, tree: Tree) -> TreeBuffers:
         key = (tuple(map(tuple, tree)), str(self.base_model.device))
@@ -83,16 +86,23 @@ class MedusaDecoder:
             self._buffers[key] = buffers
         return self._buffers[key]
 
-    @staticmethod
-    def _tree_tokens(root: torch.Tensor, head_logits: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:
-        """Tree tokens [T] from the root token and the heads' logits [depth, V] at the accepted position."""
-        topk = head_logits.topk(buffers.topk, dim=-1).indices  # [depth, topk]
+    def proposal_lm_head(self) -> nn.Module:
+        """The heads' projection on the model's current device and dtype (cut to their draft vocabulary)."""
+        weight = self.base_model.lm_head.weight
+        key = (str(weight.device), weight.dtype)
+        if key not in self._proposal_lm_heads:  # only the current device's copy is kept
+            self._proposal_lm_heads = {key: self.heads.proposal_lm_head(self.base_model.lm_head)}
+        return self._proposal_lm_heads[key]
+
+    def _tree_tokens(self, root: torch.Tensor, head_logits: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:
+        """Tree tokens [T] from the root token and the heads' logits [depth, V'] at the accepted position."""
+        topk = self.heads.token_ids(head_logits.topk(buffers.topk, dim=-1).indices)  # [depth, topk]
         return torch.cat([root.view(1), topk.flatten()])[buffers.tree_indices]
 
-    def _head_logits(self, hidden: torch.Tensor, root: torch.Tensor, depth: int) -> torch.Tensor:
-        """The heads' logits [depth, V] at one position [1, H] whose next token is `root`."""
+    def _head_logits(self, hidden: torch.Tensor, root: torch.Tensor, depth: int, lm_head: nn.Module) -> torch.Tensor:
+        """The heads' logits [depth, V'] at one position [1, H] whose next token is `root`."""
         embeds = self.heads.next_token_embeds(self._embeddings, root.view(1))
-        return self.heads(hidden, self.base_model.lm_head, num_heads=depth, next_embeds=embeds)[:, 0]
+        return self.heads(hidden, lm_head, num_heads=depth, next_embeds=embeds)[:, 0]
 
     def _verify_logits(self, node_hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(base logits [T, V], heads' logits [depth, T, V] or None).
@@ -127,12 +137,13 @@ class MedusaDecoder:
         sampling = request.sampling
         emitter = StepEmitter(request, stats)
         pad = torch.full((1,), -1, dtype=torch.long, device=device)
+        proposal_lm_head = self.proposal_lm_head()
 
         # Prefill: lm_head and heads only on the last position.
         prompt = torch.tensor([request.input_ids], device=device)
         hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
         root = choose_tokens(lm_head(hidden), sampling, generator)
-        head_logits = self._head_logits(hidden, root, buffers.depth)
+        head_logits = self._head_logits(hidden, root, buffers.depth, proposal_lm_head)
         first = emitter.emit(root.tolist())
         yield first
         if emitter.done:
@@ -170,6 +181,6 @@ class MedusaDecoder:
             node = path[count]
             root = predictions[node]
             if all_head_logits is None:
-                head_logits = self._head_logits(node_hidden[node].unsqueeze(0), root, buffers.depth)
+                head_logits = self._head_logits(node_hidden[node].unsqueeze(0), root, buffers.depth, proposal_lm_head)
             else:
                 head_logits = all_head_logits[:, node]

@@ -26,14 +26,22 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos=()) -> list[
 
 
 def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, layout: str = "shared_lm_head",
-                 head_input: str = "hidden"):
+                 head_input: str = "hidden", draft_vocab: list[int] | None = None):
     torch.manual_seed(seed)
     c = model.config
-    config = MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size, medusa_head_input=head_input)
+    config = MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size, medusa_head_input=head_input,
+                          medusa_draft_vocab_size=len(draft_vocab) if draft_vocab else None)
     heads = MedusaHeads(config, c.hidden_size, c.vocab_size)
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=std)
+    if draft_vocab:
+        heads.draft_vocab.copy_(torch.tensor(draft_vocab))
     return heads.to(model.dtype)
+
+
+def upper_half_vocab(model) -> list[int]:
+    """A draft vocabulary none of whose ids is a valid index into it (so a missed index-to-id map shows)."""
+    return list(range(model.config.vocab_size // 2, model.config.vocab_size))
 
 
 @torch.no_grad()

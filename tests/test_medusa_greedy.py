@@ -7,7 +7,7 @@ from inference.decoding import DecodeRequest, DecodeStats
 from inference.demo_model import DEMO_HEADS_DIR
 from inference.medusa_decoding import MedusaDecoder
 from medusa_choices import load_tree
-from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts
+from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts, upper_half_vocab
 from medusa_model import MedusaModel, load_heads
 
 TREES = ["mc_sim_7b_63", "chain_4", "tree_16"]
@@ -67,6 +67,26 @@ def test_next_token_heads_read_the_token_the_base_model_just_chose(tiny):
     chosen = torch.tensor([step[-1] for step in steps[:-1]])  # after the last step no proposals are needed
     assert len(seen) == len(chosen) > 10
     assert torch.equal(torch.cat(seen), model.get_input_embeddings()(chosen))
+
+
+@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token"])
+def test_heads_with_a_draft_vocabulary_propose_only_its_tokens_and_equal_hf_greedy(tiny, head_input):
+    model, prompts, references = tiny
+    draft = upper_half_vocab(model)
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input, draft_vocab=draft))
+    trees = []  # verification forwards (the prefill has no explicit positions): root + 16 proposals
+
+    def record_trees(module, args, kwargs):
+        if kwargs.get("position_ids") is not None:
+            trees.append(kwargs["input_ids"][0])
+
+    hook = model.model.register_forward_pre_hook(record_trees, with_kwargs=True)
+    try:
+        assert [medusa_ids(decoder, p, "tree_16") for p in prompts] == references
+    finally:
+        hook.remove()
+    proposals = {t for ids in trees for t in ids[1:].tolist()}
+    assert len(proposals) > 16 and proposals <= set(draft)
 
 
 def first_occurrence_inside_a_chunk(steps: list[list[int]]) -> int | None:

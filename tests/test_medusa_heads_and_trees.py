@@ -8,19 +8,22 @@ import torch
 from inference.decoding import DecodeRequest
 from inference.tree_buffers import TreeMask, build_tree_buffers
 from medusa_choices import NAMED_TREES, TreeError, load_tree, validate_tree
-from medusa_helpers import hf_greedy, random_heads, random_prompts
+from medusa_helpers import hf_greedy, random_heads, random_prompts, upper_half_vocab
 from medusa_model import MedusaConfig, MedusaHeads, MedusaLoadError, MedusaModel, load_heads, save_heads
 
 
-@pytest.mark.parametrize("layout,head_input", [
-    ("shared_lm_head", "hidden"), ("own_lm_head", "hidden"), ("shared_lm_head", "hidden_and_next_token"),
+@pytest.mark.parametrize("layout,head_input,draft", [
+    ("shared_lm_head", "hidden", False), ("own_lm_head", "hidden", False),
+    ("shared_lm_head", "hidden_and_next_token", False), ("shared_lm_head", "hidden_and_next_token", True),
 ])
-def test_heads_round_trip_in_every_layout(tiny_pangu, tmp_path, layout, head_input):
+def test_heads_round_trip_in_every_layout(tiny_pangu, tmp_path, layout, head_input, draft):
     model = tiny_pangu[1]
-    heads = random_heads(model, num_heads=3, layout=layout, head_input=head_input)
+    draft_vocab = upper_half_vocab(model) if draft else None
+    heads = random_heads(model, num_heads=3, layout=layout, head_input=head_input, draft_vocab=draft_vocab)
     save_heads(heads, tmp_path)
     loaded = load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
     assert (loaded.config.medusa_head_layout, loaded.config.medusa_head_input) == (layout, head_input)
+    assert (loaded.draft_vocab.tolist() if draft else loaded.draft_vocab) == draft_vocab
     for key, value in heads.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value)
     hidden, next_embeds = torch.randn(2, 2, model.config.hidden_size)
@@ -72,6 +75,15 @@ def test_mismatched_heads_are_a_clear_error(tiny_pangu, tmp_path, change, messag
     config = json.loads((tmp_path / "config.json").read_text()) | change
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(MedusaLoadError, match=message):
+        load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
+
+
+def test_draft_vocabulary_needs_shared_lm_head_and_ids_inside_the_vocabulary(tiny_pangu, tmp_path):
+    model = tiny_pangu[1]
+    with pytest.raises(MedusaLoadError, match="needs shared_lm_head"):
+        MedusaConfig(2, 1, "own_lm_head", medusa_draft_vocab_size=8)
+    save_heads(random_heads(model, num_heads=2, draft_vocab=[3, model.config.vocab_size]), tmp_path)
+    with pytest.raises(MedusaLoadError, match="outside the base vocabulary"):
         load_heads(tmp_path, model.config.hidden_size, model.config.vocab_size)
 
 

@@ -8,7 +8,7 @@ from inference.decoding import DecodeRequest
 from inference.medusa_decoding import MedusaDecoder
 from inference.plain_decoding import plain_decode
 from medusa_choices import load_tree
-from medusa_helpers import random_heads, random_prompts
+from medusa_helpers import random_heads, random_prompts, upper_half_vocab
 
 # Every way a tensor's value reaches Python (on an accelerator each one waits for the device).
 HOST_READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "__len__"}
@@ -42,10 +42,12 @@ def test_counter_sees_a_host_read():
     assert counter.count == 2
 
 
-@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token"])
-def test_each_medusa_step_reads_the_device_once(tiny_pangu, head_input):
+@pytest.mark.parametrize("head_input,draft", [("hidden", False), ("hidden_and_next_token", False),
+                                              ("hidden_and_next_token", True)])
+def test_each_medusa_step_reads_the_device_once(tiny_pangu, head_input, draft):
     model = tiny_pangu[1]
-    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
+    draft_vocab = upper_half_vocab(model) if draft else None
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input, draft_vocab=draft_vocab))
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     per_step = reads_per_step(decoder.decode(DecodeRequest(prompt, 60), load_tree("mc_sim_7b_63")))
     assert len(per_step) > 10

@@ -9,14 +9,17 @@ from transformers import AutoTokenizer
 
 from inference import convert_medusa, generate, medusa_generate
 from medusa_choices import load_tree
-from medusa_helpers import hf_greedy, random_heads, random_prompts
+from medusa_helpers import hf_greedy, random_heads, random_prompts, upper_half_vocab
 from medusa_model import MedusaModel, load_heads
 
 
-@pytest.fixture(scope="module", params=["hidden", "hidden_and_next_token"])
+@pytest.fixture(scope="module", params=["own_lm_head", "own_lm_head+next_token", "shared_lm_head+next_token+draft"])
 def medusa(tiny_pangu, request):
     directory, model = tiny_pangu
-    heads = random_heads(model, num_heads=3, layout="own_lm_head", head_input=request.param)
+    layout, *options = request.param.split("+")
+    head_input = "hidden_and_next_token" if "next_token" in options else "hidden"
+    draft_vocab = upper_half_vocab(model) if "draft" in options else None
+    heads = random_heads(model, num_heads=3, layout=layout, head_input=head_input, draft_vocab=draft_vocab)
     return MedusaModel(model, heads, AutoTokenizer.from_pretrained(directory), tree=load_tree("tree_16"))
 
 

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import medusa_compat
 from inference.tree_buffers import build_tree_buffers
 from medusa_choices import load_tree, mc_sim_7b_63
-from medusa_helpers import hf_greedy, random_heads
+from medusa_helpers import hf_greedy, random_heads, upper_half_vocab
 from medusa_model import MedusaModel, save_heads
 from tiny_pangu import write_tokenizer
 
@@ -142,12 +142,13 @@ def test_upstream_api_on_an_openpangu_medusa_directory_matches_our_engine(tiny_p
     assert last["ids"] == expected == hf_greedy(model, prompt, 40)
 
 
-def test_heads_reading_the_next_token_are_served_by_our_engine_for_any_base(tmp_path):
+@pytest.mark.parametrize("head_input,draft", [("hidden_and_next_token", False), ("hidden", True)])
+def test_heads_upstream_cannot_read_are_served_by_our_engine_for_any_base(tmp_path, head_input, draft):
     model, upstream_heads = tiny_llama_medusa(tmp_path)
-    heads = random_heads(model, num_heads=4, head_input="hidden_and_next_token")
+    heads = random_heads(model, num_heads=4, head_input=head_input, draft_vocab=upper_half_vocab(model) if draft else None)
     heads.config.base_model_name_or_path = json.loads((upstream_heads / "config.json").read_text())["base_model_name_or_path"]
-    save_heads(heads, tmp_path / "next_token_heads")
-    served = upstream.MedusaModel.from_pretrained(str(tmp_path / "next_token_heads"), torch_dtype=torch.float32)
+    save_heads(heads, tmp_path / "our_heads")
+    served = upstream.MedusaModel.from_pretrained(str(tmp_path / "our_heads"), torch_dtype=torch.float32)
     assert isinstance(served, medusa_compat.OpenPanguMedusa)
     prompt = [1, 5, 17, 99, 3, 250, 42]
     last = None

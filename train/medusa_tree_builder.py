@@ -54,11 +54,12 @@ def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, nex
     """acc[i][r]: fraction of positions where head i's rank-r token is the target."""
     hits = torch.zeros(heads.num_heads, top_k)
     counts = torch.zeros(heads.num_heads)
+    proposal_lm_head = heads.proposal_lm_head(model.lm_head)
     for start in range(0, hidden.shape[0], batch):
         h = hidden[start : start + batch].to(next(heads.parameters()).device, next(heads.parameters()).dtype)
         t = targets[start : start + batch].to(h.device)
         embeds = heads.next_token_embeds(model.get_input_embeddings(), next_ids[start : start + batch].to(h.device))
-        top = heads(h, model.lm_head, next_embeds=embeds).topk(top_k, dim=-1).indices  # [heads, B, k]
+        top = heads.token_ids(heads(h, proposal_lm_head, next_embeds=embeds).topk(top_k, dim=-1).indices)  # [heads, B, k]
         for i in range(heads.num_heads):
             valid = t[:, i] != IGNORE
             hits[i] += (top[i][valid] == t[valid, i].unsqueeze(-1)).float().sum(0).cpu()
@@ -95,6 +96,7 @@ def forward_ms(model, tokens: int, context: int, repeats: int, tree: Tree | None
         buffers = build_tree_buffers(tree, device)
         kwargs = {"attention_mask": TreeMask(buffers, context + tokens, model.dtype).for_length(context),
                   "position_ids": buffers.position_offsets + context}
+    proposal_lm_head = heads.proposal_lm_head(model.lm_head) if heads is not None else None
     times = []
     for _ in range(repeats + 1):
         cache.length = context
@@ -104,7 +106,7 @@ def forward_ms(model, tokens: int, context: int, repeats: int, tree: Tree | None
         model.lm_head(hidden)
         if tree is not None:
             embeds = heads.next_token_embeds(model.get_input_embeddings(), ids[:, 0])
-            heads(hidden[:, 0], model.lm_head, num_heads=buffers.depth, next_embeds=embeds).topk(buffers.topk, dim=-1)
+            heads(hidden[:, 0], proposal_lm_head, num_heads=buffers.depth, next_embeds=embeds).topk(buffers.topk, dim=-1)
         synchronize(device)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times[1:])

@@ -9,7 +9,9 @@ import torch
 from inference import medusa_generate
 from inference.errors import UserError
 from medusa_choices import load_tree, validate_tree
-from train import gen_distill_data, medusa_tree_builder, train_medusa
+from medusa_helpers import random_heads
+from medusa_model import load_heads
+from train import draft_vocab, gen_distill_data, medusa_tree_builder, train_medusa
 from train.medusa_training import IGNORE, head_targets, read_samples
 from train.prompt_sources import iter_sharegpt
 
@@ -92,6 +94,11 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
                                  "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
+    assert draft_vocab.main(["--heads", str(out), "--data", str(data), "--size", "20"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    heads = load_heads(out, config["hidden_size"], config["vocab_size"])
+    assert heads.draft_vocab.tolist() == draft_vocab.most_frequent_tokens(read_samples(data), 20)
+
     tree_file = tmp_path / "tree.json"
     assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),
                                      "--out", str(tree_file), "--budgets", "2,4,8", "--repeats", "1",
@@ -99,6 +106,27 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     built = json.loads(tree_file.read_text())
     assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
     assert json.loads((out / "config.json").read_text())["medusa_choices"] == built["tree"]
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
+    samples = [{"prompt_ids": [1, 1, 1], "output_ids": [5, 7, 7, 9]}, {"prompt_ids": [1], "output_ids": [9, 7, 4, 5]}]
+    assert draft_vocab.most_frequent_tokens(samples, 3) == [7, 5, 9]  # 5 and 9 tie: lower id first
+    assert draft_vocab.most_frequent_tokens(samples, 10) == [7, 5, 9, 4]
+
+
+def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu):
+    model = tiny_pangu[1]
+    vocab = model.config.vocab_size
+    hidden = torch.randn(40, model.config.hidden_size)
+    with torch.no_grad():
+        targets = random_heads(model, num_heads=2)(hidden, model.lm_head).argmax(-1).T  # each head's own top-1
+    next_ids = torch.zeros(40, dtype=torch.long)
+    reordered = torch.randperm(vocab).tolist()
+    without_targets = sorted(set(range(vocab)) - set(targets.flatten().tolist()))
+    for draft, top1 in ((None, 1.0), (reordered, 1.0), (without_targets, 0.0)):
+        heads = random_heads(model, num_heads=2, draft_vocab=draft)
+        accuracy = medusa_tree_builder.rank_accuracy(heads, model, hidden, targets, next_ids, top_k=3)
+        assert [row[0] for row in accuracy] == [top1, top1]
 
 
 def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):

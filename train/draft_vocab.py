@@ -1,0 +1,78 @@
+"""Give trained shared-lm_head heads a draft vocabulary: the tokens the base model emits most often.
+
+The heads then score proposals over those K rows of the lm_head only (K/V of the full projection per
+step); verification still uses the whole vocabulary, so output does not change, only which tokens can be
+proposed. Counted on the distillation data's answers, i.e. the base model's own output.
+
+    python train/draft_vocab.py --heads train/demo_heads --data data/train.jsonl --size 4096
+
+Check the accuracy it costs with train/medusa_tree_builder.py (it scores through the draft vocabulary).
+"""
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from inference.errors import UserError, run_command
+from inference.loading import resolve_model_dir
+from medusa_model import (COMBINED_CONFIG, MedusaConfig, MedusaHeads, MedusaLoadError, is_one_checkpoint,
+                          load_heads, read_medusa_config, save_heads)
+from train.medusa_training import read_samples
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--heads", required=True, help="heads directory to update in place (train_medusa.py --out)")
+    parser.add_argument("--data", required=True, help="distillation JSONL the frequencies are counted on")
+    parser.add_argument("--size", type=int, default=8192, help="tokens kept (fewer if the data has fewer distinct ones)")
+    return parser.parse_args(argv)
+
+
+def most_frequent_tokens(samples: list[dict], size: int) -> list[int]:
+    """Up to `size` answer token ids, most frequent first (ties: lower id first)."""
+    counts = Counter(token for sample in samples for token in sample["output_ids"])
+    return sorted(counts, key=lambda token: (-counts[token], token))[:size]
+
+
+def with_draft_vocab(heads: MedusaHeads, tokens: list[int]) -> MedusaHeads:
+    """A copy of `heads` whose proposals come from `tokens` only."""
+    fields = heads.config.to_dict() | {"medusa_draft_vocab_size": len(tokens)}
+    config = MedusaConfig.from_dict(fields)
+    updated = MedusaHeads(config, config.hidden_size, config.vocab_size)
+    state = {k: v for k, v in heads.state_dict().items() if k != "draft_vocab"}
+    updated.load_state_dict(state | {"draft_vocab": torch.tensor(tokens, dtype=torch.long)})
+    return updated
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def body():
+        if args.size < 1:
+            raise UserError("--size must be at least 1")
+        directory = resolve_model_dir(args.heads)
+        if is_one_checkpoint(directory):
+            raise UserError(f"{directory} keeps its heads inside the model weights: add the draft vocabulary to "
+                            "the heads directory before combining")
+        try:
+            config = read_medusa_config(directory)
+            if config is None or config.hidden_size is None or config.vocab_size is None:
+                raise MedusaLoadError(f"{directory} has no heads config with hidden_size and vocab_size")
+            heads = load_heads(directory, config.hidden_size, config.vocab_size)
+            tokens = most_frequent_tokens(read_samples(args.data), args.size)
+            if max(tokens) >= config.vocab_size:
+                raise MedusaLoadError(f"{args.data} holds token ids beyond the heads' vocabulary ({config.vocab_size})")
+            updated = with_draft_vocab(heads, tokens)
+        except MedusaLoadError as error:
+            raise UserError(str(error)) from None
+        save_heads(updated, directory, combined=(Path(directory) / COMBINED_CONFIG).is_file())
+        print(f"{directory}: proposals from the {len(tokens)} most frequent tokens of {args.data}", file=sys.stderr)
+
+    return run_command(body, "interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

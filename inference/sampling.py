@@ -37,5 +37,5 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def choose_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of `logits` [N, V]: argmax when greedy, else an independent draw per row."""
     if sampling.greedy:
-        return logits.argmax(dim=-1)
+        return logits.float().argmax(dim=-1)  # exact; CPU argmax over bf16 is ~2x slower than the cast + fp32 one
     return torch.multinomial(probabilities(logits, sampling), 1, generator=generator).squeeze(-1)

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import time
 
 import pytest
 import torch
@@ -127,6 +128,21 @@ def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu)
         heads = random_heads(model, num_heads=2, draft_vocab=draft)
         accuracy = medusa_tree_builder.rank_accuracy(heads, model, hidden, targets, next_ids, top_k=3)
         assert [row[0] for row in accuracy] == [top1, top1]
+
+
+def test_tree_timing_runs_every_size_in_turn_and_drops_the_warm_up_round():
+    calls = []
+
+    def runner(name, warm_up_s=0.0):
+        def run():
+            if warm_up_s and name not in calls:
+                time.sleep(warm_up_s)
+            calls.append(name)
+        return run
+
+    ms = medusa_tree_builder.interleaved_ms({"plain": runner("plain", 0.3), 8: runner(8)}, repeats=1, device=torch.device("cpu"))
+    assert calls == ["plain", 8] * 2
+    assert set(ms) == {"plain", 8} and ms["plain"] < 100
 
 
 def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):

@@ -4,7 +4,8 @@
 2. Trees: for each node budget, the tree maximising the expected accepted length, assuming heads are
    right independently (a node's value is the product of its path's accuracies; greedy best-first
    expansion is optimal for that objective and keeps the tree prefix-closed).
-3. Hardware: the latency of a (budget+1)-token tree forward on the device, against a 1-token forward.
+3. Hardware: the latency of a (budget+1)-token tree step on the device, against a 1-token forward; every
+   size is timed once per round, in turn, so drift of a shared machine hits all sizes alike.
    The chosen budget maximises expected tokens per step divided by the step's cost.
 
     python train/medusa_tree_builder.py --heads train/demo_heads --data data/heldout.jsonl --out tree.json
@@ -16,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--top_k", type=int, default=10, help="ranks considered per head")
     parser.add_argument("--budgets", default="1,2,3,4,6,8,12,16,24,32,48,63", help="tree sizes (nodes) to consider")
     parser.add_argument("--context", type=int, default=256, help="cached tokens while timing forwards")
-    parser.add_argument("--repeats", type=int, default=7, help="timed forwards per size (median)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds over all sizes (median per size)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int)
@@ -84,9 +86,9 @@ def best_tree(accuracy: list[list[float]], budget: int) -> tuple[Tree, float]:
 
 
 @torch.inference_mode()
-def forward_ms(model, tokens: int, context: int, repeats: int, tree: Tree | None, heads=None) -> float:
-    """Median latency of a forward of `tokens` new tokens after `context` cached ones; with a tree, the
-    whole Medusa step: tree mask, lm_head on every node and the heads on one hidden state."""
+def step_runner(model, tokens: int, context: int, tree: Tree | None, heads=None) -> Callable[[], None]:
+    """A re-runnable forward of `tokens` new tokens after `context` cached ones; with a tree, the whole
+    Medusa step: tree mask, lm_head on every node and the heads on one hidden state."""
     device = model.device
     cache = KVBuffer(model.config, context + tokens, device, model.dtype)
     model.model(input_ids=torch.randint(0, model.config.vocab_size, (1, context), device=device), cache=cache)
@@ -96,20 +98,35 @@ def forward_ms(model, tokens: int, context: int, repeats: int, tree: Tree | None
         buffers = build_tree_buffers(tree, device)
         kwargs = {"attention_mask": TreeMask(buffers, context + tokens, model.dtype).for_length(context),
                   "position_ids": buffers.position_offsets + context}
-    proposal_lm_head = heads.proposal_lm_head(model.lm_head) if heads is not None else None
-    times = []
-    for _ in range(repeats + 1):
+        proposal_lm_head = heads.proposal_lm_head(model.lm_head)
+
+    @torch.inference_mode()
+    def run() -> None:
         cache.length = context
-        synchronize(device)
-        start = time.perf_counter()
         hidden = model.model(input_ids=ids, cache=cache, **kwargs).last_hidden_state
         model.lm_head(hidden)
         if tree is not None:
             embeds = heads.next_token_embeds(model.get_input_embeddings(), ids[:, 0])
             heads(hidden[:, 0], proposal_lm_head, num_heads=buffers.depth, next_embeds=embeds).topk(buffers.topk, dim=-1)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times[1:])
+
+    return run
+
+
+def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
+    """Median ms of each runner over `repeats` rounds that run every runner once, in turn, after one
+    warm-up round: drift of a shared machine (clock, a neighbour's load) then hits every size alike."""
+    times = {key: [] for key in runners}
+    for round_index in range(repeats + 1):
+        for key, run in runners.items():
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            if round_index:
+                times[key].append(time.perf_counter() - start)
+        if progress is not None:
+            progress.update()
+    return {key: 1000 * statistics.median(values) for key, values in times.items()}
 
 
 def main(argv=None) -> int:
@@ -130,14 +147,17 @@ def main(argv=None) -> int:
         progress.close()
         accuracy = rank_accuracy(heads, model, hidden, targets, next_ids, args.top_k)
         budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
-        plain_ms = forward_ms(model, 1, args.context, args.repeats, None)
+        trees = {budget: best_tree(accuracy, budget) for budget in budgets}
+        runners = {"plain": step_runner(model, 1, args.context, None)}
+        runners |= {budget: step_runner(model, len(tree) + 1, args.context, tree, heads) for budget, (tree, _) in trees.items()}
+        with tqdm(total=args.repeats + 1, desc="timing trees", unit="round", file=sys.stderr) as progress:
+            step_ms = interleaved_ms(runners, args.repeats, device, progress)
+        plain_ms = step_ms["plain"]
         candidates = []
-        for budget in tqdm(budgets, desc="timing trees", file=sys.stderr):
-            tree, expected = best_tree(accuracy, budget)
-            step_ms = forward_ms(model, len(tree) + 1, args.context, args.repeats, tree, heads)
+        for budget, (tree, expected) in trees.items():
             candidates.append({"budget": len(tree), "expected_tokens_per_step": round(1 + expected, 4),
-                               "step_ms": round(step_ms, 3), "expected_speedup": round((1 + expected) * plain_ms / step_ms, 4),
-                               "tree": tree})
+                               "step_ms": round(step_ms[budget], 3),
+                               "expected_speedup": round((1 + expected) * plain_ms / step_ms[budget], 4), "tree": tree})
         best = max(candidates, key=lambda c: c["expected_speedup"])
         print(f"{'nodes':>5} {'E[tokens/step]':>14} {'step ms':>8} {'E[speedup]':>10}   (plain token {plain_ms:.2f} ms)")
         for c in candidates:

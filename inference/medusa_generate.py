@@ -55,9 +55,9 @@ def load_medusa(args, device, dtype) -> MedusaModel:
             heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
             medusa = MedusaModel(model, heads, tokenizer)
             draft = heads.config.medusa_draft_vocab_size
+            proposals = f", proposing from {draft} tokens" if draft else ""
             print(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
-                  f"input {heads.config.medusa_head_input}"
-                  f"{f', proposing from {draft} tokens' if draft else ''})", file=sys.stderr)
+                  f"input {heads.config.medusa_head_input}{proposals})", file=sys.stderr)
         if args.medusa_choices:
             medusa.tree = load_tree(args.medusa_choices, medusa.medusa_head.num_heads)
     except (MedusaLoadError, TreeError) as error:

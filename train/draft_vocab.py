@@ -12,13 +12,14 @@ Check the accuracy it costs with train/medusa_tree_builder.py (it scores through
 import argparse
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from inference.errors import UserError, run_command
 from inference.loading import resolve_model_dir
-from medusa_model import (COMBINED_CONFIG, MedusaConfig, MedusaHeads, MedusaLoadError, is_one_checkpoint,
+from medusa_model import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint,
                           load_heads, read_medusa_config, save_heads)
 from train.medusa_training import read_samples
 
@@ -39,8 +40,7 @@ def most_frequent_tokens(samples: list[dict], size: int) -> list[int]:
 
 def with_draft_vocab(heads: MedusaHeads, tokens: list[int]) -> MedusaHeads:
     """A copy of `heads` whose proposals come from `tokens` only."""
-    fields = heads.config.to_dict() | {"medusa_draft_vocab_size": len(tokens)}
-    config = MedusaConfig.from_dict(fields)
+    config = replace(heads.config, medusa_draft_vocab_size=len(tokens))
     updated = MedusaHeads(config, config.hidden_size, config.vocab_size)
     state = {k: v for k, v in heads.state_dict().items() if k != "draft_vocab"}
     updated.load_state_dict(state | {"draft_vocab": torch.tensor(tokens, dtype=torch.long)})

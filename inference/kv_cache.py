@@ -70,11 +70,12 @@ class KVBuffer(Cache):
     def reset(self) -> None:
         self.length = 0
 
-    def keep(self, start: int, offsets: torch.Tensor) -> None:
-        """Keep, at positions start.., the appended tokens at positions start + offsets; drop the rest.
+    def keep(self, start: int, offsets: torch.Tensor, count: int) -> None:
+        """Keep, at positions start.., the first `count` of the appended tokens at start + offsets; drop the rest.
 
-        `offsets` is a device tensor (the accepted tree path), so no host round trip is needed.
+        `offsets` is a device tensor of fixed length (the accepted tree path, padded with any valid offset), so
+        the copy has the same shape every step and needs no host round trip; only `count` comes from the host.
         """
-        count = offsets.shape[0]
-        self.data[:, :, :, :, start : start + count] = self.data.index_select(4, offsets + start)
+        width = offsets.shape[0]
+        self.data[:, :, :, :, start : start + width] = self.data.index_select(4, offsets + start)
         self.length = start + count

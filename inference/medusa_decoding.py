@@ -166,21 +166,22 @@ class MedusaDecoder:
             accepted = _accept_lengths(
                 candidates, node_logits, predictions, buffers.retrieve_indices, sampling, acceptance
             )
-            best = accepted.argmax()
-            path = buffers.retrieve_indices[best]
+            # Everything below indexes with device tensors or with host ints from the one transfer, and
+            # every shape is fixed by the tree: no hidden synchronisation, nothing that depends on `count`.
+            best = accepted.argmax(dim=0, keepdim=True)  # [1]
+            count = accepted.index_select(0, best)  # [1]
+            path = buffers.retrieve_indices.index_select(0, best)[0]  # [depth+1], -1 padded
             # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
-            packed = torch.cat([accepted[best].view(1), candidates[best, 1:], predictions[path]]).tolist()
-            count = packed[0]
-            depth = buffers.depth
-            bonus = packed[1 + depth + count]
-            tokens = emitter.emit(packed[1 : 1 + count] + [bonus])
+            packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]]).tolist()
+            accepted_count, depth = packed[0], buffers.depth
+            tokens = emitter.emit(packed[1 : 1 + accepted_count] + [packed[1 + depth + accepted_count]])
             yield tokens
             if emitter.done:
                 return
-            cache.keep(start, path[: count + 1])
-            node = path[count]
-            root = predictions[node]
+            cache.keep(start, path.clamp(min=0), accepted_count + 1)
+            node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
+            root = predictions.index_select(0, node)
             if all_head_logits is None:
-                head_logits = self._head_logits(node_hidden[node].unsqueeze(0), root, buffers.depth, proposal_lm_head)
+                head_logits = self._head_logits(node_hidden.index_select(0, node), root, depth, proposal_lm_head)
             else:
-                head_logits = all_head_logits[:, node]
+                head_logits = all_head_logits.index_select(1, node)[:, 0]

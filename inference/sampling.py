@@ -38,4 +38,8 @@ def choose_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gen
     """One token per row of `logits` [N, V]: argmax when greedy, else an independent draw per row."""
     if sampling.greedy:
         return logits.float().argmax(dim=-1)  # exact; CPU argmax over bf16 is ~2x slower than the cast + fp32 one
-    return torch.multinomial(probabilities(logits, sampling), 1, generator=generator).squeeze(-1)
+    # Exponential race (Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i, like
+    # torch.multinomial, but without multinomial's checks that read the device.
+    probs = probabilities(logits, sampling)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(dim=-1)

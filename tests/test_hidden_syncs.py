@@ -1,0 +1,74 @@
+"""A decoding step reads the device once, explicitly: no hidden synchronisation (each one stalls an
+accelerator's pipeline), and the step's shapes do not depend on how many tokens were accepted."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from inference.decoding import DecodeRequest
+from inference.kv_cache import KVBuffer
+from inference.medusa_decoding import Acceptance, MedusaDecoder
+from inference.plain_decoding import plain_decode
+from inference.sampling import Sampling
+from medusa_choices import load_tree
+from medusa_helpers import random_heads, random_prompts, upper_half_vocab
+
+# What the profiler shows for every implicit device-to-host read (.item(), 0-d tensor indexing, bool(t),
+# multinomial's checks, boolean masks); an explicit .tolist() does not show.
+HIDDEN_SYNCS = ("aten::_local_scalar_dense", "aten::nonzero")
+SAMPLED = Sampling(temperature=0.8, top_p=0.9)
+
+
+def hidden_syncs_after_prefill(steps) -> tuple[int, int]:
+    """(hidden syncs, steps) over every step after the prefill."""
+    iterator = iter(steps)
+    next(iterator)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        count = sum(1 for _ in iterator)
+    return sum(e.count for e in prof.key_averages() if e.key in HIDDEN_SYNCS), count
+
+
+def test_the_profiler_sees_a_hidden_sync():
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(2)[0].item()
+        torch.arange(3).tolist()
+    assert [e.count for e in prof.key_averages() if e.key in HIDDEN_SYNCS] == [1]
+
+
+@pytest.mark.parametrize("rule,sampling", [("greedy", Sampling()), ("sample", SAMPLED), ("typical", SAMPLED)])
+@pytest.mark.parametrize("head_input,draft", [("hidden", False), ("hidden_and_next_token", False),
+                                              ("hidden_and_next_token", True)])
+def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input, draft):
+    model = tiny_pangu[1]
+    draft_vocab = upper_half_vocab(model) if draft else None
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input, draft_vocab=draft_vocab))
+    prompt = random_prompts(model.config.vocab_size, count=1)[0]
+    request = DecodeRequest(prompt, 40, (), sampling, seed=0)
+    syncs, steps = hidden_syncs_after_prefill(decoder.decode(request, load_tree("mc_sim_7b_63"), Acceptance(rule)))
+    assert steps > 5 and syncs == 0
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED])
+def test_plain_steps_make_no_hidden_sync(tiny_pangu, sampling):
+    model = tiny_pangu[1]
+    prompt = random_prompts(model.config.vocab_size, count=1)[0]
+    syncs, steps = hidden_syncs_after_prefill(plain_decode(model, DecodeRequest(prompt, 20, (), sampling, seed=0)))
+    assert steps == 19 and syncs == 0
+
+
+def test_the_kv_keep_has_the_same_shape_whatever_is_accepted(tiny_pangu, monkeypatch):
+    model = tiny_pangu[1]
+    widths, kept = [], []
+    real_keep = KVBuffer.keep
+
+    def spy(self, start, offsets, count):
+        widths.append(tuple(offsets.shape))
+        kept.append(count)
+        real_keep(self, start, offsets, count)
+
+    monkeypatch.setattr(KVBuffer, "keep", spy)
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=4, std=0.5))
+    prompt = random_prompts(model.config.vocab_size, count=1)[0]
+    list(decoder.decode(DecodeRequest(prompt, 60), load_tree("mc_sim_7b_63")))
+    assert set(widths) == {(5,)}  # depth + 1 for the 4-level tree
+    assert len(set(kept)) > 1  # while the accepted lengths varied

@@ -9,7 +9,9 @@ Tree sizes matter per device: on a GPU or NPU a 64-node verification costs about
 on a 2-core CPU a k-token forward costs ~1.4x a 1-token one at k=8 and ~2.3x at k=32, so small trees win.
 """
 
+import heapq
 import json
+import math
 from pathlib import Path
 
 Tree = list[list[int]]
@@ -91,3 +93,35 @@ def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree:
     except json.JSONDecodeError as error:
         raise TreeError(f"{path} is not valid JSON: {error}") from None
     return validate_tree(data["tree"] if isinstance(data, dict) and "tree" in data else data, num_heads)
+
+
+def best_tree(accuracy: list[list[float]], budget: int) -> tuple[Tree, float]:
+    """The `budget`-node tree with the highest expected accepted length, and that length.
+
+    `accuracy[i][r]`: how often head i's rank-r proposal is the right token. Heads are taken to be right
+    independently, so a node's value is the product of its path's accuracies; best-first expansion is
+    optimal for that objective and keeps the tree prefix-closed.
+    """
+    depth, top_k = len(accuracy), len(accuracy[0])
+    frontier = [(-accuracy[0][r], [r]) for r in range(top_k)]
+    heapq.heapify(frontier)
+    tree, expected = [], 0.0
+    while frontier and len(tree) < budget:
+        value, path = heapq.heappop(frontier)
+        tree.append(path)
+        expected += -value
+        if len(path) < depth:
+            for r in range(top_k):
+                heapq.heappush(frontier, (value * accuracy[len(path)][r], path + [r]))
+    return tree, expected
+
+
+def expected_accepted(tree: Tree, accuracy: list[list[float]]) -> float:
+    """Expected accepted candidates per step of `tree` under the same independence model as `best_tree`;
+    ranks beyond those measured count as never right."""
+    def node_value(path: list[int]) -> float:
+        if len(path) > len(accuracy):
+            return 0.0
+        return math.prod(accuracy[d][r] if r < len(accuracy[d]) else 0.0 for d, r in enumerate(path))
+
+    return sum(node_value(path) for path in tree)

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
+from inference.medusa_heads import read_medusa_config
+from medusa_model import MedusaModel
 
 VENDORED = Path(__file__).resolve().parent / "third_party" / "Medusa"
 CHECKSUMS = Path(__file__).resolve().parent / "patches" / "SHA256SUMS"
@@ -59,8 +61,6 @@ def _base_model_type(directory: Path) -> str | None:
 def _served_here(directory: Path) -> bool:
     """OpenPangu bases and heads upstream cannot read (next-token input, draft vocabulary) go to this
     project's engine; the rest to upstream's."""
-    from medusa_model import read_medusa_config
-
     if _base_model_type(directory) == "PanguEmbedded":
         return True
     config = read_medusa_config(directory)
@@ -80,14 +80,17 @@ class OpenPanguMedusa:
         return self.tokenizer
 
     def medusa_generate(self, input_ids, attention_mask=None, temperature=0.0, max_steps=512, medusa_choices=None,
-                        posterior_threshold=0.09, posterior_alpha=0.3, max_new_tokens=None, eos_token_id=None):
-        """Yields {"text", "ids"} after every step, as patched upstream does (batch size 1)."""
+                        posterior_threshold=0.09, posterior_alpha=0.3, max_new_tokens=None, eos_token_id=None,
+                        acceptance=None):
+        """Yields {"text", "ids"} after every step, as patched upstream does (batch size 1).
+
+        Greedy at temperature 0; above it, lossless sampling (`acceptance="sample"`) unless upstream's lossy
+        typical acceptance is asked for with `acceptance="typical"` (posterior_threshold, posterior_alpha)."""
         tree = None
         if medusa_choices is not None:
             if not isinstance(medusa_choices[0], (list, tuple)):
                 raise ValueError("OpenPangu Medusa takes sparse trees (lists of rank paths), e.g. mc_sim_7b_63")
             tree = [list(p) for p in medusa_choices]
-        acceptance = "greedy" if temperature == 0 else "typical"
         ids: list[int] = []
         steps = self.model.medusa_generate(
             input_ids, max_new_tokens=max_new_tokens or max_steps * (self.medusa + 1), temperature=temperature,
@@ -108,8 +111,6 @@ def register_openpangu(upstream_model_class) -> None:
     def from_pretrained(cls, medusa_head_name_or_path, **kwargs):
         directory = Path(medusa_head_name_or_path)
         if directory.is_dir() and _served_here(directory):
-            from medusa_model import MedusaModel
-
             dtype = kwargs.get("torch_dtype") or kwargs.get("dtype")
             dtype_name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(dtype), "auto")
             model = MedusaModel.from_pretrained(str(directory), device=kwargs.get("device", "auto"), dtype=dtype_name)

@@ -2,16 +2,20 @@
 
     python inference/benchmark.py --threads 2 --max_new_tokens 64,256 --runs 3 --out bench.json
 
-Both decoders use the same model, dtype, device, threads, max_new_tokens and stopping rule (EOS for
-both, or --ignore_eos for both), the same KV cache and the same forward; both are warmed up, timed
-with device synchronisation, repeated --runs times (interleaved) and reported as medians. Tokens are
-counted from ids. Greedy outputs are compared token for token (must be identical in fp32).
+By default Medusa runs in the dtype and tree chosen for this machine (--dtype auto, --medusa_choices
+auto) and plain decoding in ITS fastest dtype, so the speed-up is over the best plain decoding here;
+--dtype X runs both in X. Both use the same model weights, device, threads, max_new_tokens and stopping
+rule (EOS for both, or --ignore_eos for both), the same KV cache and the same forward; both are warmed
+up, timed with device synchronisation, repeated --runs times (interleaved) and reported as medians.
+Tokens are counted from ids, each side's own. Greedy outputs are compared token for token (identical
+in fp32 when both sides run in the same dtype).
 
-Metrics: tokens/s of both and speed-up; tau = tokens per Medusa verification step (prefill excluded);
+Metrics: tokens/s of each side from its own tokens and time, speed-up = ratio of those rates; tau = tokens per Medusa verification step (prefill excluded);
 ms per Medusa step and ms per plain token (decode phase only); overhead = step time / token time.
 """
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -21,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from inference.calibration import hardware_description
 from inference.chat import prompt_ids, read_prompts
-from inference.decoding import DecodeRequest, DecodeStats
-from inference.devices import resolve_device, resolve_dtype, set_threads, synchronize
+from inference.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.devices import DTYPES, resolve_device, set_threads, synchronize
 from inference.errors import UserError, run_command
 from inference.medusa_generate import load_medusa
 from inference.plain_decoding import plain_decode
@@ -35,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--medusa_dir", help="heads directory (default: the demo heads, else untrained heads)")
-    parser.add_argument("--medusa_choices", help="tree name or JSON file (default: the heads' tree / per device)")
+    parser.add_argument("--medusa_choices", default="auto",
+                        help="auto (chosen for this machine), heads (saved with the heads), a tree name or JSON file")
     parser.add_argument("--prompts", help="jsonl with 'prompt', MT-Bench 'turns' (first turn) or ShareGPT "
                         "'conversations'; optional 'category' (default: the built-in mixed set)")
     parser.add_argument("--num_prompts", type=int, help="use the first N prompts")
@@ -43,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="timed repetitions per prompt (medians reported)")
     parser.add_argument("--ignore_eos", action="store_true", help="always generate max_new_tokens (both decoders)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", help="auto: each side in its fastest dtype here; bf16 | fp16 | "
+                        "fp32: both sides in that dtype")
     parser.add_argument("--threads", type=int, help="CPU threads (pin it: a busy second process skews timings)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
@@ -88,20 +95,22 @@ def timed(decode, device) -> tuple[list[int], DecodeStats, float, float]:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Aggregate per-prompt medians: totals over prompts, so long answers weigh as they cost."""
-    tokens = sum(r["tokens"] for r in rows)
-    base_s, med_s = sum(r["baseline_seconds"] for r in rows), sum(r["medusa_seconds"] for r in rows)
-    decode_tokens = sum(r["tokens"] - 1 for r in rows)
+    """Aggregate per-prompt medians: totals over prompts, so long answers weigh as they cost. Each side's
+    rate is its own tokens over its own time."""
+    tokens, base_tokens = sum(r["tokens"] for r in rows), sum(r["baseline_tokens"] for r in rows)
+    base_rate = base_tokens / sum(r["baseline_seconds"] for r in rows)
+    med_rate = tokens / sum(r["medusa_seconds"] for r in rows)
     steps = sum(r["medusa_steps"] for r in rows)
     ms_step = 1000 * sum(r["medusa_decode_seconds"] for r in rows) / max(steps, 1)
-    ms_token = 1000 * sum(r["baseline_decode_seconds"] for r in rows) / max(decode_tokens, 1)
+    ms_token = 1000 * sum(r["baseline_decode_seconds"] for r in rows) / max(base_tokens - len(rows), 1)
     return {
         "prompts": len(rows),
         "new_tokens": tokens,
-        "baseline_tokens_per_second": round(tokens / base_s, 3),
-        "medusa_tokens_per_second": round(tokens / med_s, 3),
-        "speedup": round(base_s / med_s, 4),
-        "tokens_per_step": round(decode_tokens / max(steps, 1), 4),
+        "baseline_new_tokens": base_tokens,
+        "baseline_tokens_per_second": round(base_rate, 3),
+        "medusa_tokens_per_second": round(med_rate, 3),
+        "speedup": round(med_rate / base_rate, 4),
+        "tokens_per_step": round((tokens - len(rows)) / max(steps, 1), 4),
         "ms_per_medusa_step": round(ms_step, 3),
         "ms_per_plain_token": round(ms_token, 3),
         "overhead": round(ms_step / ms_token, 4),
@@ -111,6 +120,9 @@ def summarise(rows: list[dict]) -> dict:
 
 def print_table(results: dict, file=None) -> None:
     file = file or sys.stdout
+    config = results["config"]
+    print(f"{config['hardware']} | plain {config['baseline_dtype']} vs Medusa {config['medusa_dtype']}, "
+          f"{config['tree_tokens']}-token tree", file=file)
     header = f"{'max_new':>8} {'prompts':>7} {'tokens':>7} {'plain tok/s':>11} {'medusa tok/s':>12} {'speedup':>8} " \
              f"{'tau':>6} {'ms/step':>8} {'ms/token':>8} {'overhead':>8} {'identical':>9}"
     print(header, file=file)
@@ -159,18 +171,21 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError("--max_new_tokens needs positive lengths and --runs at least 1")
     set_threads(args.threads)
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    medusa = load_medusa(args, device, dtype)
-    model, tokenizer = medusa.base_model, medusa.tokenizer
+    medusa = load_medusa(args, device)
+    runtime, tokenizer = medusa.runtime, medusa.tokenizer
+    model = medusa.base_model
+    # The baseline is plain decoding at its own fastest dtype (or the forced one): a copy when that differs.
+    baseline_model = model if runtime.plain_dtype == runtime.dtype else copy.deepcopy(model).to(DTYPES[runtime.plain_dtype])
+    print(f"Medusa: {runtime.reason}; baseline: plain decoding in {runtime.plain_dtype}", file=sys.stderr)
     prompts = load_benchmark_prompts(args.prompts, args.num_prompts)
-    eos = () if args.ignore_eos else tuple({model.generation_config.eos_token_id, tokenizer.eos_token_id} - {None})
+    eos = () if args.ignore_eos else eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)
     ids = [prompt_ids(tokenizer, [{"role": "user", "content": p["prompt"]}]) for p in prompts]
 
     def plain(request):
-        return lambda stats: plain_decode(model, request, stats)
+        return lambda stats: plain_decode(baseline_model, request, stats)
 
     def spec(request):
-        return lambda stats: medusa.decoder.decode(request, medusa.tree, stats=stats)
+        return lambda stats: medusa.decode(request, stats=stats)
 
     warm = DecodeRequest(ids[0], 16, eos)
     for decode in (plain(warm), spec(warm)):
@@ -210,8 +225,9 @@ def run(args: argparse.Namespace) -> dict:
     results["config"] = {
         "command": " ".join(sys.argv),
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
-        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-        "tree_tokens": len(medusa.tree) + 1, "heads": medusa.medusa_head.num_heads,
+        "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
+        "baseline_dtype": runtime.plain_dtype, "medusa_dtype": runtime.dtype, "tree_tokens": runtime.tree_tokens,
+        "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
     }
     results["rows"] = rows

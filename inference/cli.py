@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from inference.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
-from inference.decoding import DecodeRequest, DecodeStats
-from inference.devices import resolve_device, resolve_dtype, set_threads
+from inference.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.devices import parse_dtype, resolve_device, set_threads
 from inference.errors import run_command
 from inference.loading import is_pangu
 from inference.sampling import Sampling
@@ -22,7 +22,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     model.add_argument("--base_model", help="model directory or Hub repo id (default: the embedded demo model, "
                        "SmolLM2-135M-Instruct, prepared on first use)")
     model.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | npu[:N]; auto prefers npu, then cuda")
-    model.add_argument("--dtype", default="auto", help="auto | bf16 | fp16 | fp32 (auto = bf16)")
+    model.add_argument("--dtype", default="auto", help="auto | bf16 | fp16 | fp32; auto: the fastest here, from a "
+                       "one-time calibration of this machine (cached in $OPENPANGU_MEDUSA_HOME/calibration)")
     model.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     prompts = parser.add_argument_group("prompts (one of)")
     mode = prompts.add_mutually_exclusive_group()
@@ -57,11 +58,7 @@ class Session:
         return is_pangu(self.model)
 
     def eos_ids(self) -> tuple[int, ...]:
-        ids = self.model.generation_config.eos_token_id
-        ids = [ids] if isinstance(ids, int) else list(ids or [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return tuple(sorted(set(ids)))
+        return eos_ids(self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id)
 
     def generate(self, messages: list[dict], stream: bool) -> dict:
         """Run one reply; print it as it streams when asked; return the JSON record."""
@@ -161,8 +158,7 @@ def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Na
     def body():
         set_threads(args.threads)
         device = resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype, device)
-        session = make_session(args, device, dtype)
+        session = make_session(args, device, parse_dtype(args.dtype))
         if args.interactive:
             run_interactive(session)
         elif args.prompts:

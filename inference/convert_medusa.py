@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from inference.errors import UserError
-from medusa_choices import TreeError, load_tree
+from medusa_choices import TreeError
 from medusa_model import LAYOUTS_ON_DISK, MedusaLoadError, MedusaModel
 
 
@@ -22,13 +22,13 @@ def main(argv=None) -> int:
     parser.add_argument("--medusa_dir", help="heads directory (omit when --base_model holds the heads)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--layout", choices=LAYOUTS_ON_DISK, required=True)
-    parser.add_argument("--medusa_choices", help="tree to store with the heads (one_checkpoint)")
+    parser.add_argument("--medusa_choices", default="heads",
+                        help="tree to store with the heads (one_checkpoint): a name, a JSON file, or heads (theirs)")
     parser.add_argument("--dtype", default="bf16", help="dtype of the written base weights")
     args = parser.parse_args(argv)
     try:
-        model = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, device="cpu", dtype=args.dtype)
-        if args.medusa_choices:
-            model.tree = load_tree(args.medusa_choices, model.medusa_head.num_heads)
+        model = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, device="cpu", dtype=args.dtype,
+                                            tree=args.medusa_choices)
         model.save_pretrained(args.out, layout=args.layout)
     except (UserError, MedusaLoadError, TreeError) as error:
         print(f"error: {error}", file=sys.stderr)

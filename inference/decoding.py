@@ -69,6 +69,14 @@ def check_request(request: DecodeRequest, max_positions: int | None) -> None:
         )
 
 
+def eos_ids(*sources: int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
+    """One sorted tuple of EOS ids from any mix of None, single ids and lists (transformers configs allow all)."""
+    ids = set()
+    for source in sources:
+        ids |= {source} if isinstance(source, int) else set(source or ())
+    return tuple(sorted(ids))
+
+
 class StepEmitter:
     """Applies the stopping rules to each step's tokens: cut after EOS, never exceed max_new_tokens."""
 

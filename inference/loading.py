@@ -68,21 +68,22 @@ def load_tokenizer(directory: Path):
         raise UserError(f"cannot load the tokenizer from {directory}: {type(error).__name__}: {error}") from None
 
 
-def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype):
-    """The base model in eval mode on `device`; a truncated or corrupt weights file is a clear error.
+def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype | None):
+    """The base model in eval mode on `device`, in `dtype` (None: the checkpoint's own); a truncated or
+    corrupt weights file is a clear error.
 
     `directory` must hold a causal-LM config (load_base checks that before loading the tokenizer)."""
     from transformers import AutoModelForCausalLM
 
     from transformers.utils import logging as hf_logging
 
-    from medusa_model import is_one_checkpoint
+    from inference.medusa_heads import is_one_checkpoint
 
     verbosity = hf_logging.get_verbosity()
     if is_one_checkpoint(directory):
         hf_logging.set_verbosity_error()  # the medusa_head.* keys are the heads, loaded by medusa_model
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype or "auto", output_loading_info=True)
     except Exception as error:
         raise UserError(f"cannot load the model weights from {directory}: {type(error).__name__}: {error}") from None
     finally:
@@ -98,8 +99,9 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype):
     return model
 
 
-def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype):
-    """(model, tokenizer, display name); no `base_model` means the embedded demo model."""
+def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype | None):
+    """(model, tokenizer, directory); no `base_model` means the embedded demo model, no `dtype` the
+    checkpoint's own."""
     if base_model is None:
         directory, name = prepare_demo_model(), f"{DEMO_NAME} (embedded demo model)"
     else:
@@ -107,7 +109,7 @@ def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype):
     _check_causal_lm(directory)
     tokenizer = load_tokenizer(directory)
     model = load_causal_lm(directory, device, dtype)
-    print(f"Model: {name} | device {device} | dtype {str(dtype).removeprefix('torch.')}", file=sys.stderr)
+    print(f"Model: {name} | device {device} | loaded in {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
     return model, tokenizer, directory
 
 
@@ -116,9 +118,9 @@ def is_pangu(model) -> bool:
 
 
 def load_base_from_args(args):
-    """(model, tokenizer, directory) from the --threads/--device/--dtype/--base_model flags the scripts share."""
-    from inference.devices import resolve_device, resolve_dtype, set_threads
+    """(model, tokenizer, directory) from the --threads/--device/--dtype/--base_model flags the scripts share
+    (--dtype auto: the checkpoint's own)."""
+    from inference.devices import parse_dtype, resolve_device, set_threads
 
     set_threads(args.threads)
-    device = resolve_device(args.device)
-    return load_base(args.base_model, device, resolve_dtype(args.dtype, device))
+    return load_base(args.base_model, resolve_device(args.device), parse_dtype(args.dtype))

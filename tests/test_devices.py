@@ -115,8 +115,7 @@ def test_unknown_device_names_are_rejected(name):
 
 
 def test_dtypes():
-    cpu = torch.device("cpu")
-    assert devices.resolve_dtype("auto", cpu) == torch.bfloat16
-    assert devices.resolve_dtype("fp32", cpu) == torch.float32
+    assert devices.parse_dtype("auto") is None  # chosen per machine by calibration
+    assert devices.parse_dtype("fp32") == torch.float32 and devices.dtype_name(torch.bfloat16) == "bf16"
     with pytest.raises(UserError, match="unknown dtype"):
-        devices.resolve_dtype("int4", cpu)
+        devices.parse_dtype("int4")

@@ -130,21 +130,6 @@ def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu)
         assert [row[0] for row in accuracy] == [top1, top1]
 
 
-def test_tree_timing_runs_every_size_in_turn_and_drops_the_warm_up_round():
-    calls = []
-
-    def runner(name, warm_up_s=0.0):
-        def run():
-            if warm_up_s and name not in calls:
-                time.sleep(warm_up_s)
-            calls.append(name)
-        return run
-
-    ms = medusa_tree_builder.interleaved_ms({"plain": runner("plain", 0.3), 8: runner(8)}, repeats=1, device=torch.device("cpu"))
-    assert calls == ["plain", 8] * 2
-    assert set(ms) == {"plain", 8} and ms["plain"] < 100
-
-
 def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):
     directory, data = distilled
     out = tmp_path / "heads"
@@ -165,11 +150,3 @@ def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):
 ])
 def test_each_torchrun_process_trains_on_its_own_device(name, local_rank, expected):
     assert train_medusa.process_device(name, local_rank) == expected
-
-
-def test_best_tree_is_prefix_closed_and_prefers_likely_paths():
-    accuracy = [[0.6, 0.2, 0.1], [0.5, 0.1, 0.05], [0.4, 0.1, 0.0]]
-    tree, expected = medusa_tree_builder.best_tree(accuracy, budget=4)
-    assert tree == [[0], [0, 0], [1], [0, 0, 0]]
-    assert expected == pytest.approx(0.6 + 0.3 + 0.2 + 0.12)
-    validate_tree(tree, num_heads=3)

@@ -12,22 +12,16 @@
 """
 
 import argparse
-import heapq
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 
 import torch
 
-from inference.devices import synchronize
+from inference.calibration import interleaved_ms, step_runner
 from inference.errors import UserError, run_command
-from inference.kv_cache import KVBuffer
 from inference.loading import load_base_from_args, resolve_model_dir
-from inference.tree_buffers import TreeMask, build_tree_buffers
-from medusa_choices import Tree
-from medusa_model import MedusaLoadError, load_heads
+from medusa_choices import best_tree
+from inference.medusa_heads import MedusaLoadError, heads_config_path, load_heads
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
 
@@ -46,7 +40,8 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--save_in_heads", action="store_true",
-                        help="also record the chosen tree in the heads' config.json (their default tree)")
+                        help="also record the chosen tree (their default with --medusa_choices heads) and the "
+                        "per-head per-rank accuracy (what --medusa_choices auto chooses from) in the heads' config")
     return parser.parse_args(argv)
 
 
@@ -69,66 +64,6 @@ def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, nex
     return (hits / counts.clamp(min=1).unsqueeze(-1)).tolist()
 
 
-def best_tree(accuracy: list[list[float]], budget: int) -> tuple[Tree, float]:
-    """The `budget`-node tree with the highest expected accepted length, and that length."""
-    depth, top_k = len(accuracy), len(accuracy[0])
-    frontier = [(-accuracy[0][r], [r]) for r in range(top_k)]
-    heapq.heapify(frontier)
-    tree, expected = [], 0.0
-    while frontier and len(tree) < budget:
-        value, path = heapq.heappop(frontier)
-        tree.append(path)
-        expected += -value
-        if len(path) < depth:
-            for r in range(top_k):
-                heapq.heappush(frontier, (value * accuracy[len(path)][r], path + [r]))
-    return tree, expected
-
-
-@torch.inference_mode()
-def step_runner(model, tokens: int, context: int, tree: Tree | None, heads=None) -> Callable[[], None]:
-    """A re-runnable forward of `tokens` new tokens after `context` cached ones; with a tree, the whole
-    Medusa step: tree mask, lm_head on every node and the heads on one hidden state."""
-    device = model.device
-    cache = KVBuffer(model.config, context + tokens, device, model.dtype)
-    model.model(input_ids=torch.randint(0, model.config.vocab_size, (1, context), device=device), cache=cache)
-    ids = torch.randint(0, model.config.vocab_size, (1, tokens), device=device)
-    kwargs = {}
-    if tree is not None:
-        buffers = build_tree_buffers(tree, device)
-        kwargs = {"attention_mask": TreeMask(buffers, context + tokens, model.dtype).for_length(context),
-                  "position_ids": buffers.position_offsets + context}
-        proposal_lm_head = heads.proposal_lm_head(model.lm_head)
-
-    @torch.inference_mode()
-    def run() -> None:
-        cache.length = context
-        hidden = model.model(input_ids=ids, cache=cache, **kwargs).last_hidden_state
-        model.lm_head(hidden)
-        if tree is not None:
-            embeds = heads.next_token_embeds(model.get_input_embeddings(), ids[:, 0])
-            heads(hidden[:, 0], proposal_lm_head, num_heads=buffers.depth, next_embeds=embeds).topk(buffers.topk, dim=-1)
-
-    return run
-
-
-def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
-    """Median ms of each runner over `repeats` rounds that run every runner once, in turn, after one
-    warm-up round: drift of a shared machine (clock, a neighbour's load) then hits every size alike."""
-    times = {key: [] for key in runners}
-    for round_index in range(repeats + 1):
-        for key, run in runners.items():
-            synchronize(device)
-            start = time.perf_counter()
-            run()
-            synchronize(device)
-            if round_index:
-                times[key].append(time.perf_counter() - start)
-        if progress is not None:
-            progress.update()
-    return {key: 1000 * statistics.median(values) for key, values in times.items()}
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm import tqdm
@@ -148,8 +83,9 @@ def main(argv=None) -> int:
         accuracy = rank_accuracy(heads, model, hidden, targets, next_ids, args.top_k)
         budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
         trees = {budget: best_tree(accuracy, budget) for budget in budgets}
-        runners = {"plain": step_runner(model, 1, args.context, None)}
-        runners |= {budget: step_runner(model, len(tree) + 1, args.context, tree, heads) for budget, (tree, _) in trees.items()}
+        calls = args.repeats + 1
+        runners = {"plain": step_runner(model, calls, context=args.context)}
+        runners |= {budget: step_runner(model, calls, tree, heads, args.context) for budget, (tree, _) in trees.items()}
         with tqdm(total=args.repeats + 1, desc="timing trees", unit="round", file=sys.stderr) as progress:
             step_ms = interleaved_ms(runners, args.repeats, device, progress)
         plain_ms = step_ms["plain"]
@@ -173,9 +109,10 @@ def main(argv=None) -> int:
             json.dump(result, file)
             file.write("\n")
         if args.save_in_heads:
-            config_path = resolve_model_dir(args.heads) / "config.json"
+            config_path = heads_config_path(resolve_model_dir(args.heads))
             config = json.loads(config_path.read_text())
             config["medusa_choices"] = best["tree"]
+            config["medusa_head_accuracy"] = result["head_rank_accuracy"]
             config_path.write_text(json.dumps(config, indent=2) + "\n")
         print(f"tree of {best['budget']} nodes written to {args.out} "
               f"(expected {best['expected_tokens_per_step']:.2f} tokens per step)", file=sys.stderr)

@@ -1,0 +1,222 @@
+"""What a decoding step costs on this machine: a plain token and Medusa tree steps of each size, per dtype.
+
+Speculation pays only where verifying T tokens at once costs much less than T plain steps, and that is
+a property of the hardware: on a CPU with native bf16 a 13-token forward costs ~1.3x one token, on an
+AVX2-only CPU ~5x in bf16 but ~1.3x in fp32, on a GPU or NPU about 1x up to 64 tokens. So the costs are
+measured, once per (machine, torch, threads, base model, heads, dtypes), and cached as JSON under
+`$OPENPANGU_MEDUSA_HOME/calibration/`. A profile is plain data (`StepProfile`), so the choice it drives
+(`inference.runtime_choice`) can be tested with any machine's numbers.
+"""
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from inference.demo_model import cache_home
+from inference.devices import DTYPES, synchronize
+from inference.decoding import DecodeRequest
+from inference.medusa_decoding import MedusaDecoder
+from inference.plain_decoding import plain_decode
+from medusa_choices import Tree, mc_sim_7b_63
+
+# Tokens per Medusa step (root included) that are timed; other sizes are interpolated.
+CPU_STEP_SIZES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
+ACCELERATOR_STEP_SIZES = CPU_STEP_SIZES + (49, 64)
+CANDIDATE_DTYPES = {"cpu": ("bf16", "fp32"), "cuda": ("bf16", "fp16"), "npu": ("bf16", "fp16")}
+CONTEXT = 256  # cached tokens while timing
+ROUNDS = 5
+
+
+@dataclass
+class StepProfile:
+    """Measured ms of a plain token and of Medusa steps of `tokens` tokens, per dtype name (bf16, fp32...)."""
+
+    plain_ms: dict[str, float]
+    step_ms: dict[str, dict[int, float]]
+    hardware: str = ""
+
+    def tree_step_ms(self, dtype: str, tokens: int) -> float:
+        """ms of a `tokens`-token Medusa step: measured, or linear between (beyond) the nearest sizes."""
+        points = sorted(self.step_ms[dtype].items())
+        if len(points) == 1 or tokens <= points[0][0]:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if tokens <= x1:
+                break
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepProfile":
+        step_ms = {dtype: {int(t): float(ms) for t, ms in sizes.items()} for dtype, sizes in data["step_ms"].items()}
+        plain_ms = {dtype: float(ms) for dtype, ms in data["plain_ms"].items()}
+        if not plain_ms or set(step_ms) != set(plain_ms):
+            raise ValueError("a calibration profile needs plain and step timings for the same dtypes")
+        return cls(plain_ms, step_ms, str(data.get("hardware", "")))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has bf16 matrix kernels (AVX512-BF16 / AMX); without them a k-token bf16
+    forward costs about k times one token."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def hardware_description(device: torch.device) -> str:
+    """The device as a person would name it, with what decides its speed: 'AMD EPYC (AVX512, native bf16),
+    torch 2.13.0, 2 threads'."""
+    if device.type == "cpu":
+        bf16 = "native bf16" if native_bf16_cpu() else "no native bf16"
+        name = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}, {bf16})"
+    elif device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = torch.npu.get_device_name(device)
+    return f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def calibration_tree(tokens: int, num_heads: int) -> Tree:
+    """A prefix-closed tree of `tokens - 1` nodes no deeper than the heads (the cost depends on the size)."""
+    nodes = [path for path in mc_sim_7b_63 if len(path) <= num_heads]
+    if tokens - 1 > len(nodes):
+        nodes += [[rank] for rank in range(10, 10 + tokens - 1 - len(nodes))]
+    return nodes[: tokens - 1]
+
+
+def step_runner(model, calls: int, tree: Tree | None = None, heads=None, context: int = CONTEXT) -> Callable[[], None]:
+    """Each call runs one real decoding step after `context` random tokens: a plain step, or with `tree` a
+    whole Medusa step (verification forward, acceptance, KV keep, next proposals, the one transfer). The
+    step's shapes do not depend on what is accepted, so random heads and tokens cost what real ones do."""
+    depth = max(map(len, tree)) if tree else 0
+    max_new_tokens = (calls + 1) * (depth + 1)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit:
+        context = max(1, min(context, limit - max_new_tokens - len(tree or ()) - 1))
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=generator).tolist()
+    request = DecodeRequest(prompt, max_new_tokens)
+    steps = plain_decode(model, request) if tree is None else MedusaDecoder(model, heads).decode(request, tree)
+    next(steps)  # the prefill
+
+    def run() -> None:
+        next(steps)
+
+    return run
+
+
+def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
+    """Median ms of each runner over `repeats` rounds that run every runner once, in turn, after one
+    warm-up round: drift of a shared machine (clock, a neighbour's load) then hits every size alike."""
+    times = {key: [] for key in runners}
+    for round_index in range(repeats + 1):
+        for key, run in runners.items():
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            if round_index:
+                times[key].append(time.perf_counter() - start)
+        if progress is not None:
+            progress.update()
+    return {key: 1000 * statistics.median(values) for key, values in times.items()}
+
+
+def _in_dtype(model, dtype: torch.dtype):
+    """The model itself, or a copy in `dtype` (the original stays as loaded)."""
+    return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
+
+
+def measure(model, heads, dtypes: list[str], sizes: tuple[int, ...], rounds: int = ROUNDS,
+            progress=None) -> StepProfile:
+    """Time the plain token and every step size in every dtype, all interleaved round after round."""
+    runners = {}
+    for name in dtypes:
+        dtype = DTYPES[name]
+        model_d = _in_dtype(model, dtype)
+        runners[(name, 1)] = step_runner(model_d, rounds + 1)
+        if not sizes:
+            continue
+        heads_d = copy.deepcopy(heads).to(dtype=dtype)
+        for tokens in sizes:
+            runners[(name, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads.num_heads), heads_d)
+    ms = interleaved_ms(runners, rounds, model.device, progress)
+    return StepProfile(
+        plain_ms={name: round(ms[(name, 1)], 3) for name in dtypes},
+        step_ms={name: {tokens: round(ms[(name, tokens)], 3) for tokens in sizes} for name in dtypes},
+        hardware=hardware_description(model.device),
+    )
+
+
+def profile_key(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> dict:
+    """What the costs depend on: a different machine, torch, thread count, model, heads or dtype re-measures."""
+    c = model.config
+    head_config = heads.config if heads is not None else None
+    return {
+        "hardware": hardware_description(model.device),
+        "device": model.device.type,
+        "model": [getattr(c, "_name_or_path", ""), c.model_type, c.hidden_size, c.num_hidden_layers,
+                  c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size],
+        "heads": head_config and [head_config.medusa_num_heads, head_config.medusa_num_layers,
+                                  head_config.medusa_head_layout, head_config.medusa_head_input,
+                                  head_config.medusa_draft_vocab_size],
+        "dtypes": list(dtypes),
+        "sizes": list(sizes),
+        "context": CONTEXT,
+        "rounds": ROUNDS,
+    }
+
+
+def calibration_dir() -> Path:
+    return cache_home() / "calibration"
+
+
+def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> StepProfile:
+    """The cached profile of this machine and model, measuring it first if there is none (or it is unreadable).
+
+    `heads` None: plain steps only. `dtypes`: dtype names to consider (default: the device's candidates).
+    `log`: where the one-line notices go (default stderr).
+    """
+    log = log or (lambda line: print(line, file=sys.stderr))
+    device_type = model.device.type
+    dtypes = list(dtypes or CANDIDATE_DTYPES[device_type])
+    sizes = () if heads is None else CPU_STEP_SIZES if device_type == "cpu" else ACCELERATOR_STEP_SIZES
+    key = profile_key(model, heads, dtypes, sizes)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = calibration_dir() / f"{digest}.json"
+    if path.is_file():
+        try:
+            return StepProfile.from_dict(json.loads(path.read_text())["profile"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log(f"calibration file {path} is unreadable: measuring again")
+    from tqdm import tqdm
+
+    log(f"Calibrating step costs for this machine and model ({', '.join(dtypes)}; {len(sizes) + 1} step sizes); "
+        f"this happens once, the result is kept in {path}")
+    with tqdm(total=ROUNDS + 1, desc="calibrating", unit="round", file=sys.stderr) as progress:
+        profile = measure(model, heads, dtypes, sizes, ROUNDS, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".{os.getpid()}.partial")
+    staging.write_text(json.dumps({"key": key, "profile": profile.to_dict()}, indent=1) + "\n")
+    staging.replace(path)  # atomic: an interrupted calibration never leaves a half-written profile
+    return profile

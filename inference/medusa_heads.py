@@ -1,0 +1,308 @@
+"""Medusa heads and the files they live in (the public API over them is medusa_model.py).
+
+Each head is `medusa_num_layers` ResBlocks (x + SiLU(Wx + b), zero-initialised, so an untrained head
+starts as the identity) followed by a vocabulary projection. Head i, applied to the hidden state of
+token t, predicts token t+2+i. Two layouts:
+
+- `shared_lm_head`: the projection is the base model's own lm_head. A 153k-vocabulary head costs
+  ~0.2% of the base weights per step instead of +9% each; the default for new heads.
+- `own_lm_head`: each head ends in its own Linear(hidden, vocab), as in upstream Medusa and the
+  reference OpenPangu heads.
+
+Heads read either the hidden state alone (`medusa_head_input="hidden"`, upstream Medusa) or, with
+`"hidden_and_next_token"`, also the embedding of token t+1: the token the base model has just chosen at
+that position (the root of the next tree), so head 0 no longer has to guess it. Such a head starts with a
+Linear([hidden; embedding] -> hidden) initialised to pass the hidden state through.
+
+Shared-lm_head heads may carry a draft vocabulary (`medusa_draft_vocab_size` ids, the `draft_vocab`
+tensor): the tokens the base model emits most often. Proposals are then scored over those rows of the
+lm_head only: the heads' projection costs K/V of a full one, and the tokens left out are ones a head
+rarely gets right anyway. Verification always uses the full vocabulary, so the output is unchanged.
+
+Files: a heads directory holds `config.json` (heads-only) and `medusa_lm_head.safetensors` (or `.pt`)
+with keys relative to the head list (`{i}.{j}.linear.weight`, `{i}.{n}.weight` for own_lm_head).
+A combined directory holds a base model's files with the heads beside them (`medusa_config.json` +
+`medusa_lm_head.safetensors`). A one-checkpoint directory (upstream Medusa's "1.0" layout) keeps the
+heads inside the model's own safetensors as `medusa_head.{i}...` keys and the Medusa fields
+(`medusa_num_heads`, `medusa_num_layers`, `medusa_choices`) in the model's config.json.
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+LAYOUTS = ("shared_lm_head", "own_lm_head")
+HEAD_INPUTS = ("hidden", "hidden_and_next_token")
+HEADS_WEIGHTS = "medusa_lm_head.safetensors"
+HEADS_WEIGHTS_PT = "medusa_lm_head.pt"
+COMBINED_CONFIG = "medusa_config.json"
+ONE_CHECKPOINT_PREFIX = "medusa_head."
+LAYOUTS_ON_DISK = ("heads", "combined", "one_checkpoint")
+
+
+class MedusaLoadError(ValueError):
+    """Heads that do not fit the base model, or files that are missing or malformed."""
+
+
+@dataclass
+class MedusaConfig:
+    medusa_num_heads: int
+    medusa_num_layers: int = 1
+    medusa_head_layout: str = "shared_lm_head"
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    base_model_name_or_path: str | None = None
+    medusa_choices: str | list | None = None  # the tree these heads were tuned with
+    medusa_head_input: str = "hidden"
+    medusa_draft_vocab_size: int | None = None  # proposals only from these most frequent tokens
+    # acc[i][r]: how often head i's rank-r proposal is right on held-out data (train/medusa_tree_builder.py)
+    medusa_head_accuracy: list | None = None
+
+    def __post_init__(self):
+        if self.medusa_head_layout not in LAYOUTS:
+            raise MedusaLoadError(f"medusa_head_layout must be one of {LAYOUTS}, not {self.medusa_head_layout!r}")
+        if self.medusa_head_input not in HEAD_INPUTS:
+            raise MedusaLoadError(f"medusa_head_input must be one of {HEAD_INPUTS}, not {self.medusa_head_input!r}")
+        if self.medusa_num_heads < 1 or self.medusa_num_layers < 0:
+            raise MedusaLoadError("medusa_num_heads must be >= 1 and medusa_num_layers >= 0")
+        if self.medusa_draft_vocab_size is not None:
+            if self.medusa_head_layout != "shared_lm_head":
+                raise MedusaLoadError("a draft vocabulary needs shared_lm_head heads")
+            if self.medusa_draft_vocab_size < 1:
+                raise MedusaLoadError("medusa_draft_vocab_size must be >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MedusaConfig":
+        if "medusa_num_heads" not in data:
+            raise MedusaLoadError("the Medusa config has no medusa_num_heads")
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        # Upstream Medusa configs predate layouts: their heads always carry their own lm_head.
+        fields.setdefault("medusa_head_layout", "own_lm_head")
+        return cls(**fields)
+
+    def to_dict(self) -> dict:
+        """Fields that are set; the default head input is left out so upstream-style configs stay upstream's."""
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        if data["medusa_head_input"] == "hidden":
+            del data["medusa_head_input"]
+        return data
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)); zero weights make it the identity, so untrained heads echo the base model."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class NextTokenInput(nn.Linear):
+    """Linear([hidden; embedding of token t+1]) -> hidden, starting as a pass-through of the hidden state."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__(2 * hidden_size, hidden_size)
+        with torch.no_grad():
+            self.weight.zero_()
+            self.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+            self.bias.zero_()
+
+
+class MedusaHeads(nn.ModuleList):
+    """The list of heads; its state_dict keys are the upstream file format (`{i}.{j}.linear.weight`)."""
+
+    def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
+        own = config.medusa_head_layout == "own_lm_head"
+        reads_next_token = config.medusa_head_input == "hidden_and_next_token"
+        super().__init__(
+            nn.Sequential(
+                *([NextTokenInput(hidden_size)] if reads_next_token else []),
+                *[ResBlock(hidden_size) for _ in range(config.medusa_num_layers)],
+                *([nn.Linear(hidden_size, vocab_size, bias=False)] if own else []),
+            )
+            for _ in range(config.medusa_num_heads)
+        )
+        self.config = config
+        self.own_lm_head = own
+        self.reads_next_token = reads_next_token
+        if config.medusa_draft_vocab_size is not None:
+            self.register_buffer("draft_vocab", torch.zeros(config.medusa_draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+
+    @property
+    def num_heads(self) -> int:
+        return len(self)
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None,
+                next_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [num_heads, *hidden.shape[:-1], vocab] of the first `num_heads` heads.
+
+        `next_embeds` [*hidden.shape]: input embeddings of token t+1, required by next-token heads.
+        """
+        if self.own_lm_head:
+            return self.states(hidden, num_heads, next_embeds)
+        # fp32 heads over a bf16 lm_head
+        return lm_head(self.states(hidden, num_heads, next_embeds).to(lm_head.weight.dtype))
+
+    def next_token_embeds(self, embeddings: nn.Module, next_ids: torch.Tensor) -> torch.Tensor | None:
+        """The `next_embeds` these heads take: embeddings of token t+1, or None for hidden-only heads."""
+        return embeddings(next_ids) if self.reads_next_token else None
+
+    def states(self, hidden: torch.Tensor, num_heads: int | None = None,
+               next_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads' outputs [num_heads, *hidden.shape[:-1], -1]: logits for own_lm_head, else the states
+        that go through the shared lm_head."""
+        if self.reads_next_token:
+            if next_embeds is None:
+                raise ValueError("these heads read token t+1: pass next_embeds")
+            hidden = torch.cat([hidden, next_embeds.to(hidden.dtype)], dim=-1)
+        return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
+
+    def proposal_lm_head(self, lm_head: nn.Linear) -> nn.Linear:
+        """The projection proposals are scored with: the shared lm_head cut to the draft vocabulary (a copy:
+        build it once, not per step), or the lm_head itself. Map its output indices back with `token_ids`."""
+        if self.draft_vocab is None:
+            return lm_head
+        rows = nn.Linear(lm_head.in_features, len(self.draft_vocab), bias=False, device="meta")
+        weight = lm_head.weight.detach().index_select(0, self.draft_vocab.to(lm_head.weight.device))
+        rows.weight = nn.Parameter(weight, requires_grad=False)
+        return rows
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the `proposal_lm_head` output."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
+
+    def init_from_lm_head(self, lm_head: nn.Module) -> None:
+        """Own-lm_head heads start from the base lm_head (as upstream Medusa does)."""
+        if self.own_lm_head:
+            for head in self:
+                head[-1].weight.data.copy_(lm_head.weight.data)
+
+
+def read_medusa_config(directory: Path) -> MedusaConfig | None:
+    """The heads config in a heads dir (config.json) or a combined dir (medusa_config.json); None if absent."""
+    for name in (COMBINED_CONFIG, "config.json"):
+        path = directory / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise MedusaLoadError(f"{path} is not valid JSON: {error}") from None
+            if "medusa_num_heads" in data:
+                return MedusaConfig.from_dict(data)
+    return None
+
+
+def heads_config_path(directory: Path) -> Path:
+    """The file that holds the heads' config: medusa_config.json beside a base model (combined), the
+    model's own config.json (one checkpoint), else the heads directory's config.json."""
+    return directory / COMBINED_CONFIG if (directory / COMBINED_CONFIG).is_file() else directory / "config.json"
+
+
+def has_base_weights(directory: Path) -> bool:
+    return any((directory / name).exists() for name in ("model.safetensors", "model.safetensors.index.json"))
+
+
+def is_one_checkpoint(directory: Path) -> bool:
+    """A model directory whose own config.json carries the Medusa fields (heads inside its weights)."""
+    path = directory / "config.json"
+    if not path.is_file() or (directory / HEADS_WEIGHTS).is_file() or (directory / HEADS_WEIGHTS_PT).is_file():
+        return False
+    config = json.loads(path.read_text())
+    return "medusa_num_heads" in config and "model_type" in config
+
+
+def _model_weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
+    return [directory / "model.safetensors"]
+
+
+def _read_one_checkpoint_heads(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    state = {}
+    for file in _model_weight_files(directory):
+        with safe_open(str(file), framework="pt") as weights:
+            for key in weights.keys():
+                if key.startswith(ONE_CHECKPOINT_PREFIX):
+                    state[key[len(ONE_CHECKPOINT_PREFIX) :]] = weights.get_tensor(key)
+    return state
+
+
+def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    if is_one_checkpoint(directory):
+        return _read_one_checkpoint_heads(directory)
+    if (directory / HEADS_WEIGHTS).is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(directory / HEADS_WEIGHTS))
+        except (SafetensorError, OSError) as error:
+            raise MedusaLoadError(f"{directory / HEADS_WEIGHTS} is unreadable: {error}") from None
+    if (directory / HEADS_WEIGHTS_PT).is_file():
+        return torch.load(directory / HEADS_WEIGHTS_PT, map_location="cpu", weights_only=True)
+    raise MedusaLoadError(f"no Medusa head weights ({HEADS_WEIGHTS} or {HEADS_WEIGHTS_PT}) in {directory}")
+
+
+def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) -> MedusaHeads:
+    """Load heads strictly: a size or key that does not fit is an error, never silently random weights."""
+    directory = Path(directory)
+    config = read_medusa_config(directory)
+    if config is None:
+        raise MedusaLoadError(f"{directory} has no Medusa config (config.json or {COMBINED_CONFIG} with medusa_num_heads)")
+    for name, expected in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+        declared = getattr(config, name)
+        if declared is not None and declared != expected:
+            raise MedusaLoadError(f"the heads in {directory} were made for {name}={declared}, the base model has {expected}")
+    heads = MedusaHeads(config, hidden_size, vocab_size)
+    state = _read_state_dict(directory)
+    expected_shapes = {k: tuple(v.shape) for k, v in heads.state_dict().items()}
+    missing = sorted(set(expected_shapes) - set(state))
+    unexpected = sorted(set(state) - set(expected_shapes))
+    if missing or unexpected:
+        raise MedusaLoadError(
+            f"the head weights in {directory} do not match {config.medusa_num_heads} heads x "
+            f"{config.medusa_num_layers} layers ({config.medusa_head_layout}, input {config.medusa_head_input}): "
+            f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
+            f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}"
+        )
+    for key, shape in expected_shapes.items():
+        if tuple(state[key].shape) != shape:
+            raise MedusaLoadError(
+                f"{key} in {directory} has shape {tuple(state[key].shape)}, the base model needs {shape} "
+                "(heads trained for another model?)"
+            )
+    heads.load_state_dict(state)
+    if heads.draft_vocab is not None:
+        ids = heads.draft_vocab.tolist()
+        if not all(0 <= i < vocab_size for i in ids):
+            raise MedusaLoadError(f"the draft vocabulary in {directory} holds ids outside the base vocabulary ({vocab_size})")
+        if len(set(ids)) != len(ids):
+            # Siblings could then carry equal tokens, and sampled acceptance would no longer be lossless.
+            raise MedusaLoadError(f"the draft vocabulary in {directory} lists a token more than once")
+    return heads
+
+
+def save_heads(heads: MedusaHeads, directory: str | os.PathLike, combined: bool = False) -> None:
+    """Write heads as safetensors + config; `combined` puts the config in medusa_config.json (beside a base)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    save_file(state, str(directory / HEADS_WEIGHTS), metadata={"format": "pt"})
+    (directory / (COMBINED_CONFIG if combined else "config.json")).write_text(
+        json.dumps(heads.config.to_dict(), indent=2) + "\n"
+    )

@@ -1,0 +1,88 @@
+"""Choosing the dtype and tree for the hardware at hand, from its measured step costs.
+
+Medusa's gain is (expected tokens per step) / (step time) against 1 / (plain token time). The expected
+tokens of a tree come from the heads' per-head, per-rank accuracy measured on held-out data by
+train/medusa_tree_builder.py and saved with the heads; the times come from the machine's calibration
+profile. Plain decoding runs in its own fastest dtype; when no (dtype, tree) is expected to beat it,
+Medusa falls back to plain decoding, never a silent slowdown.
+"""
+
+from dataclasses import dataclass
+
+from inference.calibration import StepProfile
+from medusa_choices import Tree, best_tree, expected_accepted
+
+# A tree must be expected to beat plain decoding by this much before it is used: the estimate takes heads
+# to be right independently, which overstated the demo heads' measured tokens per step by ~5%.
+MIN_EXPECTED_SPEEDUP = 1.1
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    dtype: str  # Medusa's dtype, or plain decoding's when falling back
+    tree: Tree | None  # None: plain decoding is expected to be faster here, so it is used instead
+    plain_dtype: str  # plain decoding's fastest dtype (or the forced one)
+    reason: str
+    expected_tokens_per_step: float | None = None
+    expected_speedup: float | None = None
+
+    @property
+    def tree_tokens(self) -> int:
+        """Tokens verified per step (1: plain decoding)."""
+        return len(self.tree) + 1 if self.tree else 1
+
+
+def _cpu_note(profile: StepProfile, dtype: str) -> str:
+    if "no native bf16" in profile.hardware and dtype == "fp32":
+        return " (no native bf16 matmul on this CPU)"
+    return ""
+
+
+def fastest_plain_dtype(profile: StepProfile, dtypes: list[str] | None = None) -> str:
+    return min(dtypes or profile.plain_ms, key=lambda d: profile.plain_ms[d])
+
+
+def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[float]] | None,
+                   dtype: str | None = None, tree: Tree | None = None) -> RuntimeChoice:
+    """The fastest (dtype, tree) for this profile, or plain decoding when nothing is expected to beat it.
+
+    `dtype` forces the dtype (plain decoding is then compared in the same dtype); `tree` fixes the tree.
+    Without `accuracy` the gain cannot be estimated: the fixed tree is used in the dtype where its step
+    is fastest.
+    """
+    dtypes = [dtype] if dtype else sorted(profile.plain_ms)
+    plain_dtype = fastest_plain_dtype(profile, dtypes)
+    plain_ms = profile.plain_ms[plain_dtype]
+    if accuracy is None:
+        if tree is None:
+            raise ValueError("without measured head accuracy a tree must be given")
+        fastest = min(dtypes, key=lambda d: profile.tree_step_ms(d, len(tree) + 1))
+        return RuntimeChoice(fastest, tree, plain_dtype,
+                             f"{fastest}: fastest {len(tree) + 1}-token step here{_cpu_note(profile, fastest)}; "
+                             "the heads record no accuracy (train/medusa_tree_builder.py --save_in_heads), "
+                             "so the gain over plain decoding is not estimated")
+    accuracy = accuracy[:num_heads]
+    if tree is not None:
+        trees = [(tree, expected_accepted(tree, accuracy))]
+    else:
+        budgets = sorted({tokens - 1 for sizes in profile.step_ms.values() for tokens in sizes if tokens > 1})
+        trees = [best_tree(accuracy, budget) for budget in budgets]
+    candidates = [
+        (1 + expected) / profile.tree_step_ms(d, len(nodes) + 1) * plain_ms
+        for d in dtypes for nodes, expected in trees
+    ]
+    best = max(range(len(candidates)), key=candidates.__getitem__)
+    best_dtype, (best_nodes, expected) = dtypes[best // len(trees)], trees[best % len(trees)]
+    speedup = candidates[best]
+    step_ms = profile.tree_step_ms(best_dtype, len(best_nodes) + 1)
+    estimate = (f"{1 + expected:.2f} expected tokens per {step_ms:.0f} ms step vs {plain_ms:.0f} ms per plain "
+                f"{plain_dtype} token")
+    if tree is None and speedup < MIN_EXPECTED_SPEEDUP:
+        return RuntimeChoice(plain_dtype, None, plain_dtype,
+                             f"plain decoding in {plain_dtype}: the best tree here ({len(best_nodes) + 1} tokens in "
+                             f"{best_dtype}) is expected at only {speedup:.2f}x ({estimate})",
+                             1.0, 1.0)
+    return RuntimeChoice(best_dtype, best_nodes, plain_dtype,
+                         f"{best_dtype}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token tree: "
+                         f"expected {speedup:.2f}x ({estimate})",
+                         round(1 + expected, 4), round(speedup, 4))

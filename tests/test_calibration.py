@@ -1,0 +1,94 @@
+"""Step costs are measured once per machine and model, interleaved, cached, and re-measured when stale."""
+
+import time
+
+import pytest
+import torch
+
+from inference import calibration
+from medusa_helpers import random_heads
+
+
+@pytest.fixture
+def quick_calibration(monkeypatch, tmp_path):
+    """Calibration under a fresh home, with two tree sizes and one round; counts the measurements."""
+    monkeypatch.setenv("OPENPANGU_MEDUSA_HOME", str(tmp_path))
+    monkeypatch.setattr(calibration, "CPU_STEP_SIZES", (2, 5))
+    monkeypatch.setattr(calibration, "ROUNDS", 1)
+    measured = []
+    real = calibration.measure
+
+    def counting(*args, **kwargs):
+        measured.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "measure", counting)
+    return measured
+
+
+def test_calibration_measures_once_and_reuses_the_profile(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    profile = calibration.step_profile(model, heads, log=lambda line: None)
+    assert quick_calibration == [["bf16", "fp32"]]
+    assert set(profile.plain_ms) == {"bf16", "fp32"} and all(set(s) == {2, 5} for s in profile.step_ms.values())
+    assert model.dtype == torch.float32  # the other dtype was timed on a copy
+    assert calibration.step_profile(model, heads, log=lambda line: None) == profile
+    assert len(quick_calibration) == 1
+
+
+def test_deleting_or_corrupting_the_cache_measures_again_with_one_notice(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    [cached] = list(calibration.calibration_dir().glob("*.json"))
+    cached.unlink()
+    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    assert len(quick_calibration) == 2
+    cached.write_text('{"profile": {"plain_ms": ')
+    notices = []
+    calibration.step_profile(model, heads, ["fp32"], log=notices.append)
+    assert len(quick_calibration) == 3
+    assert sum("unreadable" in line for line in notices) == 1
+
+
+def test_another_thread_count_or_other_heads_measure_again(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    threads = torch.get_num_threads()
+    calibration.step_profile(model, random_heads(model, num_heads=2), ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, random_heads(model, num_heads=3), ["fp32"], log=lambda line: None)
+    torch.set_num_threads(1)
+    try:
+        calibration.step_profile(model, random_heads(model, num_heads=3), ["fp32"], log=lambda line: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(quick_calibration) == 3
+
+
+def test_plain_only_profile_times_the_plain_step(tiny_pangu, quick_calibration):
+    profile = calibration.step_profile(tiny_pangu[1], None, ["fp32"], log=lambda line: None)
+    assert profile.plain_ms["fp32"] > 0 and profile.step_ms == {"fp32": {}}
+
+
+def test_timing_runs_every_size_in_turn_and_drops_the_warm_up_round():
+    calls = []
+
+    def runner(name, warm_up_s=0.0):
+        def run():
+            if warm_up_s and name not in calls:
+                time.sleep(warm_up_s)
+            calls.append(name)
+        return run
+
+    ms = calibration.interleaved_ms({"plain": runner("plain", 0.3), 8: runner(8)}, repeats=1, device=torch.device("cpu"))
+    assert calls == ["plain", 8] * 2
+    assert set(ms) == {"plain", 8} and ms["plain"] < 100
+
+
+def test_a_step_runner_lasts_for_the_calls_it_was_made_for_even_when_every_token_is_accepted(tiny_pangu):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    heads.states = lambda hidden, num_heads=None, next_embeds=None: hidden.expand(num_heads, *hidden.shape)
+    run = calibration.step_runner(model, calls=4, tree=[[0], [0, 0], [1]], heads=heads, context=8)
+    for _ in range(4):
+        run()

@@ -9,6 +9,7 @@ so an interrupted run resumes where it stopped without losing or duplicating sam
 
 import argparse
 import json
+import os
 import sys
 from itertools import islice
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from inference.chat import prompt_ids
+from inference.decoding import eos_ids
 from inference.errors import run_command
 from inference.jsonl import jsonl_lines
 from inference.loading import load_base_from_args
@@ -41,17 +43,21 @@ def parse_args(argv=None):
 
 
 def done_indices(path: Path) -> set[int]:
-    """Prompt indices already answered; a torn last line (killed mid-write) is dropped and redone."""
+    """Prompt indices already answered. A torn record (killed mid-write) is dropped and redone: the file is
+    then rewritten to a staging file and renamed over it, so a kill during the rewrite loses nothing."""
     if not path.exists():
         return set()
-    done, good = set(), []
+    done, good, torn = set(), [], False
     for _, line in jsonl_lines(path):
         try:
             done.add(json.loads(line)["index"])
             good.append(line)
         except (json.JSONDecodeError, KeyError):
-            continue
-    path.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+            torn = True
+    if torn or not path.read_bytes().endswith(b"\n"):
+        staging = path.with_name(path.name + ".partial")
+        staging.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+        os.replace(staging, path)
     return done
 
 
@@ -83,7 +89,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         done = done_indices(out)
-        eos = sorted({model.generation_config.eos_token_id, tokenizer.eos_token_id} - {None})
+        eos = list(eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id))
         progress = tqdm(total=args.max_samples, initial=min(len(done), args.max_samples), desc="distill", unit="sample")
         pending: list[tuple[int, str, list[int]]] = []
         written = len(done)

@@ -31,9 +31,11 @@ from inference.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
 from inference.plain_decoding import plain_decode
 from inference.runtime_choice import RuntimeChoice, choose_runtime
 from inference.sampling import Sampling
+from inference.vllm_export import export_vllm
 from medusa_choices import Tree, load_tree, validate_tree
 
 TREE_CHOICES = ("auto", "heads")
+SAVE_LAYOUTS = LAYOUTS_ON_DISK + ("vllm",)
 
 
 def default_tree(device_type: str, num_heads: int) -> Tree:
@@ -163,11 +165,15 @@ class MedusaModel(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike, layout: str = "heads") -> None:
         """`heads`: heads only (config.json + medusa_lm_head.safetensors); `combined`: base files with the
-        heads beside them; `one_checkpoint`: heads inside the model's safetensors, fields in its config.json."""
-        if layout not in LAYOUTS_ON_DISK:
-            raise ValueError(f"layout must be one of {LAYOUTS_ON_DISK}")
+        heads beside them; `one_checkpoint`: heads inside the model's safetensors, fields in its config.json;
+        `vllm`: the heads as vLLM's Medusa speculator loads them (hidden-input heads only)."""
+        if layout not in SAVE_LAYOUTS:
+            raise ValueError(f"layout must be one of {SAVE_LAYOUTS}")
         if layout == "heads":
             save_heads(self.medusa_head, directory)
+            return
+        if layout == "vllm":
+            export_vllm(self.medusa_head, self.base_model.lm_head, directory)
             return
         if layout == "combined":
             self.base_model.save_pretrained(directory)

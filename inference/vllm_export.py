@@ -1,0 +1,104 @@
+"""Medusa heads in the directory layout vLLM's Medusa speculator loads (`speculative_config={"method": "medusa"}`).
+
+vLLM's Medusa drafts a top-1 chain from the base model's last hidden state: heads that read the hidden
+state only (`medusa_head_input="hidden"`), each `num_hidden_layers` residual blocks and a vocabulary
+projection. Its loader keeps only the tensor names it knows and silently drops the rest (heads then run
+with random weights), and its config reader renames every key containing "num" and "heads"/"layers".
+So the export writes the Medusa keys only, and reads the result back to check every name against
+vLLM's naming before it is called done.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from inference.medusa_heads import MedusaHeads
+
+VLLM_WEIGHTS = "model.safetensors"
+
+
+class VllmExportError(ValueError):
+    """Heads vLLM cannot run, or an export whose names vLLM would not load."""
+
+
+def check_vllm_can_run(heads: MedusaHeads) -> None:
+    config = heads.config
+    if config.medusa_head_input != "hidden":
+        raise VllmExportError(
+            f"vLLM's Medusa runs heads that read the hidden state only; these heads use medusa_head_input="
+            f"{config.medusa_head_input!r} (they also read token t+1). Train heads with --head_input hidden "
+            "to serve them with vLLM, or serve these with this project's engine")
+
+
+def vllm_config(heads: MedusaHeads, hidden_size: int, vocab_size: int) -> dict:
+    """The config.json vLLM's MedusaConfig reads: Medusa keys only, nothing it would rename by mistake."""
+    config = heads.config
+    data = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": hidden_size,
+        "vocab_size": vocab_size,
+        "num_heads": config.medusa_num_heads,
+        "num_hidden_layers": config.medusa_num_layers,
+        "medusa_fc_bias": True,  # our ResBlocks carry a bias
+        "original_lm_head": not heads.own_lm_head,
+    }
+    if heads.draft_vocab is not None:
+        data["truncated_vocab_size"] = len(heads.draft_vocab)
+    return data
+
+
+def vllm_state_dict(heads: MedusaHeads, lm_head: torch.nn.Linear) -> dict[str, torch.Tensor]:
+    """vLLM's tensor names: `blocks.{i}.layers.{j}.weight/bias`, the projection(s) and the draft vocabulary."""
+    state = {}
+    layers = heads.config.medusa_num_layers
+    for i, head in enumerate(heads):
+        for j in range(layers):
+            state[f"blocks.{i}.layers.{j}.weight"] = head[j].linear.weight
+            state[f"blocks.{i}.layers.{j}.bias"] = head[j].linear.bias
+        if heads.own_lm_head:
+            state[f"lm_heads.{i}.weight"] = head[layers].weight
+    if not heads.own_lm_head:
+        state["lm_heads.0.weight"] = lm_head.weight  # the shared lm_head; vLLM cuts it to token_map itself
+    if heads.draft_vocab is not None:
+        state["token_map"] = heads.draft_vocab
+    return {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
+
+
+def vllm_parameter_names(config: dict) -> set[str]:
+    """The parameters vLLM's Medusa model has for `config`."""
+    names = {f"blocks.{i}.layers.{j}.{kind}" for i in range(config["num_heads"])
+             for j in range(config["num_hidden_layers"])
+             for kind in (("weight", "bias") if config.get("medusa_fc_bias") else ("weight",))}
+    if config.get("original_lm_head"):
+        return names | {"lm_head.weight"}
+    return names | {f"lm_heads.{i}.weight" for i in range(config["num_heads"])}
+
+
+def check_vllm_names(directory: Path) -> None:
+    """Every tensor in the export is one vLLM loads, and every vLLM parameter gets one (no silent drop)."""
+    config = json.loads((directory / "config.json").read_text())
+    names = set(load_file(str(directory / VLLM_WEIGHTS)))
+    if config.get("original_lm_head"):  # vLLM reads the shared projection under this name
+        names = (names - {"lm_heads.0.weight"}) | ({"lm_head.weight"} if "lm_heads.0.weight" in names else set())
+    truncated = config.get("truncated_vocab_size", config["vocab_size"]) < config["vocab_size"]
+    if truncated != ("token_map" in names):
+        raise VllmExportError(f"{directory}: token_map and truncated_vocab_size must come together")
+    names.discard("token_map")
+    expected = vllm_parameter_names(config)
+    if names != expected:
+        raise VllmExportError(f"{directory}: vLLM would drop {sorted(names - expected)} and leave "
+                              f"{sorted(expected - names)} uninitialised")
+
+
+def export_vllm(heads: MedusaHeads, lm_head: torch.nn.Linear, directory: str | Path) -> None:
+    """Write `heads` (on the base whose `lm_head` is given) as a vLLM Medusa directory, then check its names."""
+    check_vllm_can_run(heads)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = vllm_config(heads, lm_head.in_features, lm_head.out_features)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(vllm_state_dict(heads, lm_head), str(directory / VLLM_WEIGHTS), metadata={"format": "pt"})
+    check_vllm_names(directory)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
 from inference.medusa_heads import read_medusa_config
-from medusa_model import MedusaModel
+from medusa_model import MedusaModel, resolve_sources
 
 VENDORED = Path(__file__).resolve().parent / "third_party" / "Medusa"
 CHECKSUMS = Path(__file__).resolve().parent / "patches" / "SHA256SUMS"
@@ -46,25 +46,16 @@ def _check_vendored() -> None:
             )
 
 
-def _base_model_type(directory: Path) -> str | None:
-    """model_type of the base behind a Medusa directory (combined, or heads naming their base)."""
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        return None
-    config = json.loads(config_path.read_text())
-    if "medusa_num_heads" in config and config.get("base_model_name_or_path"):
-        base_config = Path(config["base_model_name_or_path"]) / "config.json"
-        return json.loads(base_config.read_text()).get("model_type") if base_config.is_file() else None
-    return config.get("model_type")
-
-
 def _served_here(directory: Path) -> bool:
     """OpenPangu bases and heads upstream cannot read (next-token input, draft vocabulary) go to this
-    project's engine; the rest to upstream's."""
-    if _base_model_type(directory) == "PanguEmbedded":
+    project's engine; the rest to upstream's. The base is found as MedusaModel.from_pretrained finds it."""
+    base, heads_dir = resolve_sources(str(directory), None)
+    config = read_medusa_config(heads_dir) if heads_dir is not None else None
+    if config is not None and (config.medusa_head_input != "hidden" or config.medusa_draft_vocab_size is not None):
         return True
-    config = read_medusa_config(directory)
-    return config is not None and (config.medusa_head_input != "hidden" or config.medusa_draft_vocab_size is not None)
+    base_config = Path(base) / "config.json" if base is not None else None
+    return base_config is not None and base_config.is_file() and \
+        json.loads(base_config.read_text()).get("model_type") == "PanguEmbedded"
 
 
 class OpenPanguMedusa:

@@ -155,9 +155,7 @@ def measure(model, heads, dtypes: list[str], sizes: tuple[int, ...], rounds: int
         dtype = DTYPES[name]
         model_d = _in_dtype(model, dtype)
         runners[(name, 1)] = step_runner(model_d, rounds + 1)
-        if not sizes:
-            continue
-        heads_d = copy.deepcopy(heads).to(dtype=dtype)
+        heads_d = copy.deepcopy(heads).to(dtype=dtype) if sizes else None
         for tokens in sizes:
             runners[(name, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads.num_heads), heads_d)
     ms = interleaved_ms(runners, rounds, model.device, progress)
@@ -171,15 +169,14 @@ def measure(model, heads, dtypes: list[str], sizes: tuple[int, ...], rounds: int
 def profile_key(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> dict:
     """What the costs depend on: a different machine, torch, thread count, model, heads or dtype re-measures."""
     c = model.config
-    head_config = heads.config if heads is not None else None
+    h = heads.config if heads is not None else None
     return {
         "hardware": hardware_description(model.device),
         "device": model.device.type,
         "model": [getattr(c, "_name_or_path", ""), c.model_type, c.hidden_size, c.num_hidden_layers,
                   c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size],
-        "heads": head_config and [head_config.medusa_num_heads, head_config.medusa_num_layers,
-                                  head_config.medusa_head_layout, head_config.medusa_head_input,
-                                  head_config.medusa_draft_vocab_size],
+        "heads": None if h is None else [h.medusa_num_heads, h.medusa_num_layers, h.medusa_head_layout,
+                                         h.medusa_head_input, h.medusa_draft_vocab_size],
         "dtypes": list(dtypes),
         "sizes": list(sizes),
         "context": CONTEXT,

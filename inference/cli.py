@@ -60,7 +60,7 @@ class Session:
     def eos_ids(self) -> tuple[int, ...]:
         return eos_ids(self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id)
 
-    def generate(self, messages: list[dict], stream: bool) -> dict:
+    def reply(self, messages: list[dict], stream: bool) -> dict:
         """Run one reply; print it as it streams when asked; return the JSON record."""
         args = self.args
         ids = prompt_ids(self.tokenizer, messages, no_think=args.no_think)
@@ -111,7 +111,7 @@ def run_prompts(session: Session, items: list[dict]) -> None:
         results = []
         for turn in item["turns"]:
             messages.append({"role": "user", "content": turn})
-            record = session.generate(messages, stream=session.args.stream and not session.args.json)
+            record = session.reply(messages, stream=session.args.stream and not session.args.json)
             messages.append({"role": "assistant", "content": record["text"]})
             results.append(record)
         if session.args.json:
@@ -141,7 +141,7 @@ def run_interactive(session: Session) -> None:
             continue
         messages.append({"role": "user", "content": user})
         print("Assistant: ", end="", flush=True)
-        record = session.generate(messages, stream=True)
+        record = session.reply(messages, stream=True)
         messages.append({"role": "assistant", "content": record["text"]})
         _print_record(record, session, streamed=True)
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.errors import UserError
 from inference.sampling import Sampling
 
 
@@ -58,14 +57,14 @@ class DecodeRequest:
 def check_request(request: DecodeRequest, max_positions: int | None) -> None:
     """Reject requests that cannot run, with a message that says what to change."""
     if not request.input_ids:
-        raise UserError("the prompt is empty")
+        raise ValueError("the prompt is empty")
     if request.max_new_tokens < 1:
-        raise UserError("--max_new_tokens must be at least 1")
+        raise ValueError("max_new_tokens must be at least 1")
     total = len(request.input_ids) + request.max_new_tokens
     if max_positions and total > max_positions:
-        raise UserError(
+        raise ValueError(
             f"prompt ({len(request.input_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) = {total} "
-            f"exceeds the model's context of {max_positions} positions: shorten the prompt or lower --max_new_tokens"
+            f"exceeds the model's context of {max_positions} positions: shorten the prompt or lower max_new_tokens"
         )
 
 

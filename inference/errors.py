@@ -1,18 +1,23 @@
-"""The one exception type that command-line entry points turn into a single clear line on stderr."""
+"""How command-line entry points report bad input: one clear line on stderr, never a traceback.
+
+The library raises plain `ValueError`s (MedusaLoadError, TreeError and UserError are ValueErrors) with
+messages that say what is wrong; the entry points turn any of them into an `error:` line.
+"""
+
+import sys
+from collections.abc import Callable
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """Bad input or environment the user can fix; the message says how."""
 
 
-def run_command(body, interrupted: str = "interrupted") -> int:
+def run_command(body: Callable[[], None], interrupted: str = "interrupted") -> int:
     """Exit status of a command-line entry point: bad input is one `error:` line and status 2, Ctrl-C a
-    short note and 130, never a traceback."""
-    import sys
-
+    short note and 130."""
     try:
         body()
-    except UserError as error:
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

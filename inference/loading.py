@@ -9,7 +9,9 @@ import torch
 
 import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
 from inference.demo_model import DEMO_NAME, prepare_demo_model
+from inference.devices import parse_dtype, resolve_device, set_threads
 from inference.errors import UserError
+from inference.medusa_heads import is_one_checkpoint
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -77,8 +79,6 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype | N
 
     from transformers.utils import logging as hf_logging
 
-    from inference.medusa_heads import is_one_checkpoint
-
     verbosity = hf_logging.get_verbosity()
     if is_one_checkpoint(directory):
         hf_logging.set_verbosity_error()  # the medusa_head.* keys are the heads, loaded by medusa_model
@@ -120,7 +120,5 @@ def is_pangu(model) -> bool:
 def load_base_from_args(args):
     """(model, tokenizer, directory) from the --threads/--device/--dtype/--base_model flags the scripts share
     (--dtype auto: the checkpoint's own)."""
-    from inference.devices import parse_dtype, resolve_device, set_threads
-
     set_threads(args.threads)
     return load_base(args.base_model, resolve_device(args.device), parse_dtype(args.dtype))

@@ -14,8 +14,8 @@ import sys
 from inference.cli import Session, base_parser, run_cli
 from inference.errors import UserError
 from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
-from medusa_choices import NAMED_TREES, TreeError
-from medusa_model import MedusaLoadError, MedusaModel
+from medusa_choices import NAMED_TREES
+from medusa_model import MedusaModel
 
 
 def build_parser():
@@ -37,11 +37,8 @@ def build_parser():
 
 
 def load_medusa(args, device) -> MedusaModel:
-    """MedusaModel.from_pretrained from the command line's flags; its errors as `error:` lines."""
-    try:
-        return MedusaModel.from_pretrained(args.base_model, args.medusa_dir, str(device), args.dtype, args.medusa_choices)
-    except (MedusaLoadError, TreeError) as error:
-        raise UserError(str(error)) from None
+    """MedusaModel.from_pretrained from the command line's flags."""
+    return MedusaModel.from_pretrained(args.base_model, args.medusa_dir, str(device), args.dtype, args.medusa_choices)
 
 
 def make_session(args, device, dtype) -> Session:

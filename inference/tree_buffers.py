@@ -14,13 +14,11 @@ from medusa_choices import Tree, validate_tree
 
 @dataclass(frozen=True)
 class TreeBuffers:
-    tree: Tree
     topk: int  # candidates taken from each head (max rank + 1)
     depth: int  # deepest level, = number of heads used
     tree_indices: torch.Tensor  # [T] index into [root, head0 topk, head1 topk, ...]
     position_offsets: torch.Tensor  # [1, T] depth of each node
     retrieve_indices: torch.Tensor  # [P, depth+1] node ids along each root-to-leaf path, -1 padded
-    path_lengths: torch.Tensor  # [P] nodes on each path, root included
     tree_mask: torch.Tensor  # [T, T] bool, node i may attend to node j (j is i or an ancestor of i)
 
     @property
@@ -46,20 +44,17 @@ def build_tree_buffers(tree: Tree, device: torch.device | str = "cpu") -> TreeBu
 
     leaves = [p for p in paths if not any(len(q) == len(p) + 1 and q[:-1] == p for q in paths)]
     retrieve = [[node_of[tuple(leaf[:d])] for d in range(len(leaf) + 1)] for leaf in leaves]
-    lengths = [len(r) for r in retrieve]
     retrieve = [r + [-1] * (depth + 1 - len(r)) for r in retrieve]
 
     def as_long(values):
         return torch.tensor(values, dtype=torch.long, device=device)
 
     return TreeBuffers(
-        tree=paths,
         topk=topk,
         depth=depth,
         tree_indices=as_long(tree_indices),
         position_offsets=as_long(offsets).unsqueeze(0),
         retrieve_indices=as_long(retrieve),
-        path_lengths=as_long(lengths),
         tree_mask=mask.to(device),
     )
 

@@ -27,8 +27,21 @@ def test_benchmark_writes_json_table_and_plot(tiny_pangu, tmp_path, capsys):
     assert results["new_tokens"] == 3 * (8 + 24)  # --ignore_eos: every prompt runs to the limit
     assert {r["category"] for r in results["by_category"]} == {"chat", "code"}
     assert out.with_suffix(".png").stat().st_size > 1000
+    config = results["config"]
+    assert (config["baseline_dtype"], config["medusa_dtype"], config["tree_tokens"]) == ("fp32", "fp32", 17)
+    assert "threads" in config["hardware"] and "torch" in config["hardware"]
     table = capsys.readouterr().out
-    assert "speedup" in table and "overhead" in table and "category" in table
+    assert "speedup" in table and "overhead" in table and "category" in table and config["hardware"] in table
+
+
+def test_each_side_is_rated_on_its_own_tokens_and_time():
+    row = {"max_new_tokens": 32, "category": "chat", "identical": False, "medusa_steps": 5,
+           "tokens": 20, "medusa_seconds": 1.0, "medusa_decode_seconds": 0.9,
+           "baseline_tokens": 10, "baseline_seconds": 1.0, "baseline_decode_seconds": 0.9}
+    summary = benchmark.summarise([row])
+    assert summary["medusa_tokens_per_second"] == 20 and summary["baseline_tokens_per_second"] == 10
+    assert summary["speedup"] == 2.0 and summary["tokens_per_step"] == 19 / 5
+    assert summary["ms_per_plain_token"] == 100.0  # 0.9 s over the baseline's own 9 decode-phase tokens
 
 
 def test_sharegpt_file_uses_first_human_turn(tmp_path):

@@ -2,7 +2,7 @@
 
 import json
 import logging
-import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +31,26 @@ def test_head_targets_skip_the_prompt_and_shift_per_head():
     assert targets[:2].eq(IGNORE).all()
     assert targets[2].tolist() == [14, 15] and targets[3].tolist() == [15, IGNORE]
     assert targets[4:].eq(IGNORE).all()
+
+
+def test_a_kill_while_resume_rewrites_the_data_loses_no_sample(tmp_path, monkeypatch):
+    records = [{"index": i, "prompt_ids": [1, 2], "output_ids": [3, 4, 5], "text": str(i)} for i in range(3)]
+    complete = "".join(json.dumps(r) + "\n" for r in records)
+    path = tmp_path / "data.jsonl"
+    path.write_text(complete + '{"index": 3, "prompt_ids": [1,', encoding="utf-8")  # torn by an earlier kill
+    original = path.read_text(encoding="utf-8")
+
+    def killed_mid_write(self, *args, **kwargs):
+        self.open("w").close()  # the file is truncated, then the process dies
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "write_text", killed_mid_write)
+        with pytest.raises(KeyboardInterrupt):
+            gen_distill_data.done_indices(path)
+    assert path.read_text(encoding="utf-8") == original
+    assert gen_distill_data.done_indices(path) == {0, 1, 2}
+    assert path.read_text(encoding="utf-8") == complete
 
 
 def test_records_with_unicode_line_separators_are_read_whole_and_kept_on_resume(tmp_path):

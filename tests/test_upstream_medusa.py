@@ -161,3 +161,21 @@ def test_missing_vendored_copy_says_to_run_apply_patches(monkeypatch, tmp_path):
     monkeypatch.setattr(medusa_compat, "VENDORED", tmp_path / "nothing")
     with pytest.raises(medusa_compat.UpstreamMedusaMissing, match="bash apply_patches.sh"):
         medusa_compat.load_upstream()
+
+
+def test_upstream_api_samples_losslessly_unless_typical_is_asked_for(tiny_pangu, tmp_path, monkeypatch):
+    directory, model = tiny_pangu
+    combined = tmp_path / "openpangu-medusa"
+    shutil.copytree(directory, combined)
+    save_heads(random_heads(model, num_heads=2), combined, combined=True)
+    served = upstream.MedusaModel.from_pretrained(str(combined), torch_dtype=torch.float32)
+    rules = []
+    real_decode = served.model.decoder.decode
+    monkeypatch.setattr(served.model.decoder, "decode",
+                        lambda request, tree, acceptance, stats: rules.append(acceptance.rule) or real_decode(
+                            request, tree, acceptance, stats))
+    for acceptance in (None, "typical"):
+        kwargs = {} if acceptance is None else {"acceptance": acceptance}
+        list(served.medusa_generate(torch.tensor([[1, 20, 31]]), temperature=0.7, max_new_tokens=4, **kwargs))
+    list(served.medusa_generate(torch.tensor([[1, 20, 31]]), temperature=0.0, max_new_tokens=4))
+    assert rules == ["sample", "typical", "greedy"]

@@ -19,8 +19,8 @@ import torch
 
 from inference.errors import UserError, run_command
 from inference.loading import resolve_model_dir
-from medusa_model import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint,
-                          load_heads, read_medusa_config, save_heads)
+from inference.medusa_heads import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint, load_heads,
+                                    read_medusa_config, save_heads)
 from train.medusa_training import read_samples
 
 
@@ -57,18 +57,14 @@ def main(argv=None) -> int:
         if is_one_checkpoint(directory):
             raise UserError(f"{directory} keeps its heads inside the model weights: add the draft vocabulary to "
                             "the heads directory before combining")
-        try:
-            config = read_medusa_config(directory)
-            if config is None or config.hidden_size is None or config.vocab_size is None:
-                raise MedusaLoadError(f"{directory} has no heads config with hidden_size and vocab_size")
-            heads = load_heads(directory, config.hidden_size, config.vocab_size)
-            tokens = most_frequent_tokens(read_samples(args.data), args.size)
-            if max(tokens) >= config.vocab_size:
-                raise MedusaLoadError(f"{args.data} holds token ids beyond the heads' vocabulary ({config.vocab_size})")
-            updated = with_draft_vocab(heads, tokens)
-        except MedusaLoadError as error:
-            raise UserError(str(error)) from None
-        save_heads(updated, directory, combined=(Path(directory) / COMBINED_CONFIG).is_file())
+        config = read_medusa_config(directory)
+        if config is None or config.hidden_size is None or config.vocab_size is None:
+            raise MedusaLoadError(f"{directory} has no heads config with hidden_size and vocab_size")
+        heads = load_heads(directory, config.hidden_size, config.vocab_size)
+        tokens = most_frequent_tokens(read_samples(args.data), args.size)
+        if max(tokens) >= config.vocab_size:
+            raise MedusaLoadError(f"{args.data} holds token ids beyond the heads' vocabulary ({config.vocab_size})")
+        save_heads(with_draft_vocab(heads, tokens), directory, combined=(Path(directory) / COMBINED_CONFIG).is_file())
         print(f"{directory}: proposals from the {len(tokens)} most frequent tokens of {args.data}", file=sys.stderr)
 
     return run_command(body, "interrupted")

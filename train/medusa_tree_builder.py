@@ -18,10 +18,10 @@ import sys
 import torch
 
 from inference.calibration import interleaved_ms, step_runner
-from inference.errors import UserError, run_command
+from inference.errors import run_command
 from inference.loading import load_base_from_args, resolve_model_dir
 from medusa_choices import best_tree
-from inference.medusa_heads import MedusaLoadError, heads_config_path, load_heads
+from inference.medusa_heads import heads_config_path, load_heads
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
 
@@ -71,10 +71,7 @@ def main(argv=None) -> int:
     def body():
         model, _, _ = load_base_from_args(args)
         device = model.device
-        try:
-            heads = load_heads(resolve_model_dir(args.heads), model.config.hidden_size, model.config.vocab_size)
-        except MedusaLoadError as error:
-            raise UserError(str(error)) from None
+        heads = load_heads(resolve_model_dir(args.heads), model.config.hidden_size, model.config.vocab_size)
         heads = heads.to(device=device, dtype=model.dtype).eval()
         samples = read_samples(args.data)[: args.max_samples]
         progress = tqdm(total=len(samples), desc="held-out hidden states", unit="sample", file=sys.stderr)

@@ -22,10 +22,10 @@ import torch
 
 from inference.demo_model import DEMO_NAME
 from inference.devices import resolve_device
-from inference.errors import UserError, run_command
+from inference.errors import run_command
 from inference.loading import load_base_from_args
 from inference.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads
-from medusa_choices import TreeError, load_tree
+from medusa_choices import load_tree
 from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cache_hidden_states,
                                    pad_sequences, read_samples)
 
@@ -128,10 +128,8 @@ def main(argv=None) -> int:
         held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0
         train_samples, eval_samples = samples[held_out:], samples[:held_out]
         hidden, vocab = model.config.hidden_size, model.config.vocab_size
-        try:  # stored resolved, so the heads do not depend on the working directory or a name's meaning
-            tree = load_tree(args.tree, args.num_heads) if args.tree else None
-        except TreeError as error:
-            raise UserError(str(error)) from None
+        # stored resolved, so the heads do not depend on the working directory or a name's meaning
+        tree = load_tree(args.tree, args.num_heads) if args.tree else None
         config = MedusaConfig(args.num_heads, args.num_layers, args.layout, hidden, vocab,
                               args.base_model or DEMO_NAME, tree, args.head_input)
         heads = MedusaHeads(config, hidden, vocab).to(device)

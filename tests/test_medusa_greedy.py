@@ -12,6 +12,9 @@ from medusa_model import MedusaModel, load_heads
 
 TREES = ["mc_sim_7b_63", "chain_4", "tree_16"]
 NEW_TOKENS = 128
+# Tokens per step of the fitted heads: 4.85 / 4.59 / 3.89 measured; heads fed the root's hidden state instead
+# of the last accepted node's reach only 3.56 / 3.45 / 2.84, so these bounds catch that.
+MIN_TOKENS_PER_STEP = {"mc_sim_7b_63": 4.4, "chain_4": 4.1, "tree_16": 3.5}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def test_tiny_pangu_fitted_heads_accept_several_tokens_and_equal_hf_greedy(tiny,
     stats = [DecodeStats() for _ in prompts]
     assert [medusa_ids(decoder, p, tree, stats=s) for p, s in zip(prompts, stats)] == references
     tokens_per_step = sum(s.new_tokens for s in stats) / sum(s.steps for s in stats)
-    assert tokens_per_step > 2.0
+    assert tokens_per_step > MIN_TOKENS_PER_STEP[tree]
     assert max(max(s.accept_lengths) for s in stats) >= 4
 
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from inference.calibration import StepProfile
 from medusa_choices import Tree, best_tree, expected_accepted
 
-# A tree must be expected to beat plain decoding by this much before it is used: the estimate takes heads
-# to be right independently, which overstated the demo heads' measured tokens per step by ~5%.
-MIN_EXPECTED_SPEEDUP = 1.1
+# A tree must be expected to beat plain decoding by this much before it is used. The estimate takes heads to
+# be right independently and times steps at a fixed context: for the demo heads on MT-Bench prompts it
+# overstated the measured speed-up by 5% on a CPU with native bf16 (1.61x expected, 1.54x measured) and by
+# 17% with bf16 limited to AVX2 kernels (1.19x expected, 1.02x measured).
+MIN_EXPECTED_SPEEDUP = 1.2
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ projection. Its loader keeps only the tensor names it knows and silently drops t
 with random weights), and its config reader renames every key containing "num" and "heads"/"layers".
 So the export writes the Medusa keys only, and reads the result back to check every name against
 vLLM's naming before it is called done.
+
+A draft vocabulary is not exported: vLLM's loader takes `token_map` but never reports it loaded, so
+vLLM 0.32 refuses such a directory ("Following weights were not initialized from checkpoint:
+{'token_map'}"). vLLM's heads then score over the whole shared lm_head, which the heads were trained with.
 """
 
 import json
@@ -45,13 +49,11 @@ def vllm_config(heads: MedusaHeads, hidden_size: int, vocab_size: int) -> dict:
         "medusa_fc_bias": True,  # our ResBlocks carry a bias
         "original_lm_head": not heads.own_lm_head,
     }
-    if heads.draft_vocab is not None:
-        data["truncated_vocab_size"] = len(heads.draft_vocab)
     return data
 
 
 def vllm_state_dict(heads: MedusaHeads, lm_head: torch.nn.Linear) -> dict[str, torch.Tensor]:
-    """vLLM's tensor names: `blocks.{i}.layers.{j}.weight/bias`, the projection(s) and the draft vocabulary."""
+    """vLLM's tensor names: `blocks.{i}.layers.{j}.weight/bias` and the projection(s)."""
     state = {}
     layers = heads.config.medusa_num_layers
     for i, head in enumerate(heads):
@@ -61,9 +63,7 @@ def vllm_state_dict(heads: MedusaHeads, lm_head: torch.nn.Linear) -> dict[str, t
         if heads.own_lm_head:
             state[f"lm_heads.{i}.weight"] = head[layers].weight
     if not heads.own_lm_head:
-        state["lm_heads.0.weight"] = lm_head.weight  # the shared lm_head; vLLM cuts it to token_map itself
-    if heads.draft_vocab is not None:
-        state["token_map"] = heads.draft_vocab
+        state["lm_heads.0.weight"] = lm_head.weight  # the shared lm_head, which vLLM reads under this name
     return {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
 
 
@@ -83,10 +83,6 @@ def check_vllm_names(directory: Path) -> None:
     names = set(load_file(str(directory / VLLM_WEIGHTS)))
     if config.get("original_lm_head"):  # vLLM reads the shared projection under this name
         names = (names - {"lm_heads.0.weight"}) | ({"lm_head.weight"} if "lm_heads.0.weight" in names else set())
-    truncated = config.get("truncated_vocab_size", config["vocab_size"]) < config["vocab_size"]
-    if truncated != ("token_map" in names):
-        raise VllmExportError(f"{directory}: token_map and truncated_vocab_size must come together")
-    names.discard("token_map")
     expected = vllm_parameter_names(config)
     if names != expected:
         raise VllmExportError(f"{directory}: vLLM would drop {sorted(names - expected)} and leave "

@@ -27,9 +27,7 @@ def test_export_holds_every_vllm_parameter_and_nothing_else(tiny_pangu, tmp_path
         assert torch.equal(state["lm_heads.1.weight"], heads[1][1].weight)
     else:
         assert torch.equal(state["lm_heads.0.weight"], model.lm_head.weight)
-    if draft:
-        assert state["token_map"].tolist() == upper_half_vocab(model)
-        assert config["truncated_vocab_size"] == len(upper_half_vocab(model))
+    assert "token_map" not in state and "truncated_vocab_size" not in config  # vLLM 0.32 cannot load one
     assert "lm_head.weight" in vllm_parameter_names(config) or layout == "own_lm_head"
 
 

@@ -121,8 +121,9 @@ def summarise(rows: list[dict]) -> dict:
 def print_table(results: dict, file=None) -> None:
     file = file or sys.stdout
     config = results["config"]
-    print(f"{config['hardware']} | plain {config['baseline_dtype']} vs Medusa {config['medusa_dtype']}, "
-          f"{config['tree_tokens']}-token tree", file=file)
+    medusa = (f"Medusa {config['medusa_dtype']}, {config['tree_tokens']}-token tree" if config["tree_tokens"] > 1
+              else f"Medusa's fallback, plain {config['medusa_dtype']}")
+    print(f"{config['hardware']} | plain {config['baseline_dtype']} vs {medusa}", file=file)
     header = f"{'max_new':>8} {'prompts':>7} {'tokens':>7} {'plain tok/s':>11} {'medusa tok/s':>12} {'speedup':>8} " \
              f"{'tau':>6} {'ms/step':>8} {'ms/token':>8} {'overhead':>8} {'identical':>9}"
     print(header, file=file)

@@ -52,7 +52,8 @@ def _stderr(line: str) -> None:
 def resolve_sources(base_model: str | None, medusa: str | None) -> tuple[str | None, Path | None]:
     """(base model to load, None = the demo model; heads directory, None = none): the one rule for all entry points.
 
-    - `medusa` given: those heads, on `base_model`, else on the base their config names.
+    - `medusa` given: those heads, on `base_model`, else on the base in the same directory (combined,
+      one checkpoint) or the one their config names.
     - only `base_model`: heads inside it (a combined or one-checkpoint directory); a heads-only directory
       brings the base its config names; a plain model directory has no heads.
     - neither: the demo model with the committed demo heads.
@@ -65,10 +66,8 @@ def resolve_sources(base_model: str | None, medusa: str | None) -> tuple[str | N
         if medusa is not None:
             raise MedusaLoadError(f"{heads_dir} holds no Medusa heads (config.json or {COMBINED_CONFIG} with medusa_num_heads)")
         return base_model, None
-    if base_model is None or (medusa is None and not has_base_weights(heads_dir)):
-        base_model = config.base_model_name_or_path
-    elif medusa is None:
-        base_model = str(heads_dir)
+    if medusa is None or base_model is None:  # the base beside the heads, else the one their config names
+        base_model = str(heads_dir) if has_base_weights(heads_dir) else config.base_model_name_or_path
     return (None if base_model in (None, DEMO_NAME) else base_model), heads_dir
 
 

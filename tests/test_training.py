@@ -9,6 +9,7 @@ import torch
 
 from inference import medusa_generate
 from inference.errors import UserError
+from inference.loading import load_causal_lm
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import random_heads
 from medusa_model import load_heads
@@ -170,3 +171,21 @@ def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):
 ])
 def test_each_torchrun_process_trains_on_its_own_device(name, local_rank, expected):
     assert train_medusa.process_device(name, local_rank) == expected
+
+
+def test_tree_builder_records_its_tree_in_a_combined_directory_where_it_is_read(distilled, tmp_path):
+    from medusa_model import MedusaModel
+
+    directory, data = distilled
+    model = load_causal_lm(directory, torch.device("cpu"), torch.float32)
+    combined = tmp_path / "combined"
+    MedusaModel(model, random_heads(model, num_heads=2)).save_pretrained(combined, layout="combined")
+    for name in ("tokenizer.model", "tokenizer_config.json"):
+        (combined / name).write_bytes((directory / name).read_bytes())
+    assert medusa_tree_builder.main(["--heads", str(combined), "--data", str(data), "--out", str(tmp_path / "t.json"),
+                                     "--budgets", "2,3", "--repeats", "1", "--dtype", "fp32", "--context", "16",
+                                     "--save_in_heads"]) == 0
+    built = json.loads((tmp_path / "t.json").read_text())
+    loaded = MedusaModel.from_pretrained(str(combined), device="cpu", dtype="fp32", tree="heads")
+    assert loaded.tree == built["tree"]
+    assert loaded.medusa_head.config.medusa_head_accuracy == built["head_rank_accuracy"]

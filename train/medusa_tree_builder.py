@@ -19,8 +19,9 @@ import torch
 
 from inference.calibration import interleaved_ms, step_runner
 from inference.errors import run_command
-from inference.loading import load_base_from_args, resolve_model_dir
+from inference.loading import load_base_from_args
 from medusa_choices import best_tree
+from medusa_model import resolve_sources
 from inference.medusa_heads import heads_config_path, load_heads
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
@@ -30,7 +31,8 @@ def parse_args(argv=None):
     parser.add_argument("--heads", required=True, help="trained heads directory")
     parser.add_argument("--data", required=True, help="held-out distillation JSONL (not used in training)")
     parser.add_argument("--out", required=True, help="JSON tree for --medusa_choices")
-    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
+    parser.add_argument("--base_model", help="model directory or Hub id (default: the base the heads' config names, "
+                        "else the embedded demo model)")
     parser.add_argument("--max_samples", type=int, default=200)
     parser.add_argument("--top_k", type=int, default=10, help="ranks considered per head")
     parser.add_argument("--budgets", default="1,2,3,4,6,8,12,16,24,32,48,63", help="tree sizes (nodes) to consider")
@@ -69,9 +71,11 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     def body():
+        # The base as everywhere else: --base_model, else the one the heads' config names (else the demo model)
+        args.base_model, heads_dir = resolve_sources(args.base_model, args.heads)
         model, _, _ = load_base_from_args(args)
         device = model.device
-        heads = load_heads(resolve_model_dir(args.heads), model.config.hidden_size, model.config.vocab_size)
+        heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
         heads = heads.to(device=device, dtype=model.dtype).eval()
         samples = read_samples(args.data)[: args.max_samples]
         progress = tqdm(total=len(samples), desc="held-out hidden states", unit="sample", file=sys.stderr)
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
             json.dump(result, file)
             file.write("\n")
         if args.save_in_heads:
-            config_path = heads_config_path(resolve_model_dir(args.heads))
+            config_path = heads_config_path(heads_dir)
             config = json.loads(config_path.read_text())
             config["medusa_choices"] = best["tree"]
             config["medusa_head_accuracy"] = result["head_rank_accuracy"]

@@ -208,8 +208,9 @@ def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> Ste
             log(f"calibration file {path} is unreadable: measuring again")
     from tqdm import tqdm
 
-    log(f"Calibrating step costs for this machine and model ({', '.join(dtypes)}; {len(sizes) + 1} step sizes); "
-        f"this happens once, the result is kept in {path}")
+    steps = f"the plain step and {len(sizes)} tree step sizes" if sizes else "the plain step"
+    log(f"Calibrating step costs for this machine and model ({', '.join(dtypes)}; {steps}); this happens once, "
+        f"the result is kept in {path} (measured on a busy machine? delete it to measure again)")
     with tqdm(total=ROUNDS + 1, desc="calibrating", unit="round", file=sys.stderr) as progress:
         profile = measure(model, heads, dtypes, sizes, ROUNDS, progress)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -147,6 +147,23 @@ def _in_dtype(model, dtype: torch.dtype):
     return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device` (host memory for the CPU)."""
+    if device.type == "cpu":
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return (torch.cuda if device.type == "cuda" else torch.npu).mem_get_info(device)[0]
+
+
+def copy_fits(model, name: str) -> bool:
+    """Whether a copy of the model in dtype `name` fits beside it, with a fifth to spare for the timed steps
+    (a 7B model's fp32 copy does not fit on most CPUs that hold its bf16 weights)."""
+    dtype = DTYPES[name]
+    if model.dtype == dtype:
+        return True
+    needed = sum(p.numel() for p in model.parameters()) * torch.finfo(dtype).bits // 8
+    return needed * 1.2 < free_memory(model.device)
+
+
 def measure(model, heads, dtypes: list[str], sizes: tuple[int, ...], rounds: int = ROUNDS,
             progress=None) -> StepProfile:
     """Time the plain token and every step size in every dtype, all interleaved round after round."""
@@ -197,6 +214,10 @@ def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> Ste
     log = log or (lambda line: print(line, file=sys.stderr))
     device_type = model.device.type
     dtypes = list(dtypes or CANDIDATE_DTYPES[device_type])
+    skipped = [name for name in dtypes if not copy_fits(model, name)]
+    if skipped:
+        log(f"not timing {', '.join(skipped)}: a copy of the model in it does not fit in the free memory")
+        dtypes = [name for name in dtypes if name not in skipped]
     sizes = () if heads is None else CPU_STEP_SIZES if device_type == "cpu" else ACCELERATOR_STEP_SIZES
     key = profile_key(model, heads, dtypes, sizes)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -92,3 +92,15 @@ def test_a_step_runner_lasts_for_the_calls_it_was_made_for_even_when_every_token
     run = calibration.step_runner(model, calls=4, tree=[[0], [0, 0], [1]], heads=heads, context=8)
     for _ in range(4):
         run()
+
+
+def test_a_dtype_whose_model_copy_does_not_fit_in_memory_is_not_timed(tiny_pangu, quick_calibration, monkeypatch):
+    model = tiny_pangu[1]  # fp32: a bf16 copy needs half its bytes
+    bf16_copy = sum(p.numel() for p in model.parameters()) * 2
+    monkeypatch.setattr(calibration, "free_memory", lambda device: bf16_copy)
+    notices = []
+    profile = calibration.step_profile(model, random_heads(model, num_heads=2), log=notices.append)
+    assert set(profile.plain_ms) == {"fp32"} and quick_calibration == [["fp32"]]
+    assert any("not timing bf16" in line for line in notices)
+    monkeypatch.setattr(calibration, "free_memory", lambda device: 10 * bf16_copy)
+    assert set(calibration.step_profile(model, random_heads(model, num_heads=2), log=notices.append).plain_ms) == {"bf16", "fp32"}

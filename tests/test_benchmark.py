@@ -49,3 +49,24 @@ def test_sharegpt_file_uses_first_human_turn(tmp_path):
     path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]},
                                 {"conversations": [{"from": "gpt", "value": "skip"}]}]))
     assert benchmark.load_benchmark_prompts(str(path), None) == [{"prompt": "hi", "category": "sharegpt"}]
+
+
+def test_by_default_medusa_at_its_choice_runs_against_plain_decoding_at_its_fastest_dtype(tiny_pangu, tmp_path,
+                                                                                         monkeypatch):
+    import medusa_model
+    from inference.calibration import StepProfile
+
+    directory, model = tiny_pangu
+    heads = random_heads(model, num_heads=2)
+    heads.config.medusa_head_accuracy = [[0.6, 0.2], [0.5, 0.1]]
+    save_heads(heads, tmp_path / "heads")
+    # plain is fastest in bf16, while fp32 tree steps are flat: Medusa in fp32 beats it
+    profile = StepProfile({"bf16": 10.0, "fp32": 12.0}, {"bf16": {2: 20.0, 5: 50.0}, "fp32": {2: 12.5, 5: 13.0}})
+    monkeypatch.setattr(medusa_model, "step_profile", lambda *args: profile)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "one"}\n')
+    out = tmp_path / "bench.json"
+    assert benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"), "--prompts",
+                           str(prompts), "--max_new_tokens", "8", "--runs", "1", "--ignore_eos", "--out", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert (config["baseline_dtype"], config["medusa_dtype"]) == ("bf16", "fp32") and config["tree_tokens"] > 1

@@ -18,7 +18,8 @@ python train/gen_distill_data.py --base_model "$BASE" --device npu --out "$HELDO
 torchrun --nproc_per_node "$NPUS" train/train_medusa.py --base_model "$BASE" --device npu --data "$DATA" \
     --out "$OUT" --num_heads 5 --layout shared_lm_head --epochs 2 --lr 1e-3 --batch_size 4 --grad_accum 4 \
     --deepspeed train/deepspeed.json --resume
+# --save_in_heads records the tree and the per-head accuracy that --medusa_choices auto chooses from
 python train/medusa_tree_builder.py --base_model "$BASE" --device npu --heads "$OUT" --data "$HELDOUT" \
-    --out "$OUT/tree.json"
+    --out "$OUT/tree.json" --save_in_heads
 echo "heads: $OUT  tree: $OUT/tree.json"
-echo "run: python inference/medusa_generate.py --base_model $BASE --medusa_dir $OUT --medusa_choices $OUT/tree.json --device npu"
+echo "run: python inference/medusa_generate.py --base_model $BASE --medusa_dir $OUT --device npu"

@@ -103,7 +103,7 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: str | None,
                         log: Callable[[str], None] = _stderr) -> RuntimeChoice:
     """Dtype and tree for this machine (calibrated once, then cached); what is given is kept as given."""
     if dtype is not None and tree is not None:
-        return RuntimeChoice(dtype, tree, dtype, f"{dtype}, {len(tree) + 1}-token tree, as given")
+        return RuntimeChoice.as_given(dtype, tree)
     profile = step_profile(model, heads, [dtype] if dtype else None, log)
     return choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree)
 
@@ -120,9 +120,8 @@ class MedusaModel(nn.Module):
         self.tokenizer = tokenizer
         self.decoder = MedusaDecoder(base_model, self.medusa_head)
         if runtime is None:
-            tree = tree or fixed_tree("heads", heads, base_model.device.type)
-            name = dtype_name(base_model.dtype)
-            runtime = RuntimeChoice(name, tree, name, f"{name}, {len(tree) + 1}-token tree, as given")
+            runtime = RuntimeChoice.as_given(dtype_name(base_model.dtype),
+                                             tree or fixed_tree("heads", heads, base_model.device.type))
         self.runtime = runtime
         self.tree = runtime.tree
 

@@ -15,7 +15,6 @@ ms per Medusa step and ms per plain token (decode phase only); overhead = step t
 """
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from inference.calibration import hardware_description
+from inference.calibration import hardware_description, model_in_dtype
 from inference.chat import prompt_ids, read_prompts
 from inference.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.devices import DTYPES, resolve_device, set_threads, synchronize
@@ -176,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     runtime, tokenizer = medusa.runtime, medusa.tokenizer
     model = medusa.base_model
     # The baseline is plain decoding at its own fastest dtype (or the forced one): a copy when that differs.
-    baseline_model = model if runtime.plain_dtype == runtime.dtype else copy.deepcopy(model).to(DTYPES[runtime.plain_dtype])
+    baseline_model = model_in_dtype(model, DTYPES[runtime.plain_dtype])
     print(f"Medusa: {runtime.reason}; baseline: plain decoding in {runtime.plain_dtype}", file=sys.stderr)
     prompts = load_benchmark_prompts(args.prompts, args.num_prompts)
     eos = () if args.ignore_eos else eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)

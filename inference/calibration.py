@@ -142,7 +142,7 @@ def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
     return {key: 1000 * statistics.median(values) for key, values in times.items()}
 
 
-def _in_dtype(model, dtype: torch.dtype):
+def model_in_dtype(model, dtype: torch.dtype):
     """The model itself, or a copy in `dtype` (the original stays as loaded)."""
     return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
 
@@ -170,7 +170,7 @@ def measure(model, heads, dtypes: list[str], sizes: tuple[int, ...], rounds: int
     runners = {}
     for name in dtypes:
         dtype = DTYPES[name]
-        model_d = _in_dtype(model, dtype)
+        model_d = model_in_dtype(model, dtype)
         runners[(name, 1)] = step_runner(model_d, rounds + 1)
         heads_d = copy.deepcopy(heads).to(dtype=dtype) if sizes else None
         for tokens in sizes:

@@ -28,6 +28,11 @@ class RuntimeChoice:
     expected_tokens_per_step: float | None = None
     expected_speedup: float | None = None
 
+    @classmethod
+    def as_given(cls, dtype: str, tree: Tree) -> "RuntimeChoice":
+        """The dtype and tree a caller fixed: nothing was chosen or estimated."""
+        return cls(dtype, tree, dtype, f"{dtype}, {len(tree) + 1}-token tree, as given")
+
     @property
     def tree_tokens(self) -> int:
         """Tokens verified per step (1: plain decoding)."""
@@ -69,13 +74,9 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
     else:
         budgets = sorted({tokens - 1 for sizes in profile.step_ms.values() for tokens in sizes if tokens > 1})
         trees = [best_tree(accuracy, budget) for budget in budgets]
-    candidates = [
-        (1 + expected) / profile.tree_step_ms(d, len(nodes) + 1) * plain_ms
-        for d in dtypes for nodes, expected in trees
-    ]
-    best = max(range(len(candidates)), key=candidates.__getitem__)
-    best_dtype, (best_nodes, expected) = dtypes[best // len(trees)], trees[best % len(trees)]
-    speedup = candidates[best]
+    candidates = [((1 + expected) / profile.tree_step_ms(d, len(nodes) + 1) * plain_ms, d, nodes, expected)
+                  for d in dtypes for nodes, expected in trees]
+    speedup, best_dtype, best_nodes, expected = max(candidates, key=lambda c: c[0])
     step_ms = profile.tree_step_ms(best_dtype, len(best_nodes) + 1)
     estimate = (f"{1 + expected:.2f} expected tokens per {step_ms:.0f} ms step vs {plain_ms:.0f} ms per plain "
                 f"{plain_dtype} token")

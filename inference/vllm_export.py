@@ -39,7 +39,7 @@ def check_vllm_can_run(heads: MedusaHeads) -> None:
 def vllm_config(heads: MedusaHeads, hidden_size: int, vocab_size: int) -> dict:
     """The config.json vLLM's MedusaConfig reads: Medusa keys only, nothing it would rename by mistake."""
     config = heads.config
-    data = {
+    return {
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
         "hidden_size": hidden_size,
@@ -49,7 +49,6 @@ def vllm_config(heads: MedusaHeads, hidden_size: int, vocab_size: int) -> dict:
         "medusa_fc_bias": True,  # our ResBlocks carry a bias
         "original_lm_head": not heads.own_lm_head,
     }
-    return data
 
 
 def vllm_state_dict(heads: MedusaHeads, lm_head: torch.nn.Linear) -> dict[str, torch.Tensor]:

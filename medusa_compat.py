@@ -47,7 +47,7 @@ def _check_vendored() -> None:
 
 
 def _served_here(directory: Path) -> bool:
-    """OpenPangu bases and heads upstream cannot read (next-token input, draft vocabulary) go to this
+    """OpenPangu bases and heads upstream cannot read (token inputs, draft vocabulary) go to this
     project's engine; the rest to upstream's. The base is found as MedusaModel.from_pretrained finds it."""
     base, heads_dir = resolve_sources(str(directory), None)
     config = read_medusa_config(heads_dir) if heads_dir is not None else None

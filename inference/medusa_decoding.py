@@ -72,9 +72,9 @@ class MedusaDecoder:
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
-        # Heads that read token t+1 can only run once the base model has chosen it (after verification);
+        # Heads that read tokens can only run once the base model has chosen token t+1 (after verification);
         # heads with a draft vocabulary run after it too, through their own small projection.
-        self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_next_token
+        self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_tokens
                                                 or heads.draft_vocab is not None)
 
     def tree_buffers(self, tree: Tree) -> TreeBuffers:
@@ -99,10 +99,27 @@ class MedusaDecoder:
         topk = self.heads.token_ids(head_logits.topk(buffers.topk, dim=-1).indices)  # [depth, topk]
         return torch.cat([root.view(1), topk.flatten()])[buffers.tree_indices]
 
-    def _head_logits(self, hidden: torch.Tensor, root: torch.Tensor, depth: int, lm_head: nn.Module) -> torch.Tensor:
-        """The heads' logits [depth, V'] at one position [1, H] whose next token is `root`."""
-        embeds = self.heads.next_token_embeds(self._embeddings, root.view(1))
-        return self.heads(hidden, lm_head, num_heads=depth, next_embeds=embeds)[:, 0]
+    def _draft(self, hidden: torch.Tensor, root: torch.Tensor, buffers: TreeBuffers, lm_head: nn.Module) -> torch.Tensor:
+        """Tree tokens [T] proposed at one position (hidden [1, H]) whose next token is `root` [1]."""
+        if self.heads.sequential:
+            return self._draft_level_by_level(hidden, root, buffers, lm_head)
+        embeds = self.heads.token_embeds(self._embeddings, root.view(1, 1))
+        head_logits = self.heads(hidden, lm_head, num_heads=buffers.depth, token_embeds=embeds)[:, 0]
+        return self._tree_tokens(root, head_logits, buffers)
+
+    def _draft_level_by_level(self, hidden: torch.Tensor, root: torch.Tensor, buffers: TreeBuffers,
+                              lm_head: nn.Module) -> torch.Tensor:
+        """Sequentially dependent heads: head d-1 reads, for every node of level d-1 with children, the tokens
+        on its path (root first) and proposes that node's children. Nodes are numbered level by level, so
+        appending each level's tokens builds the tree in node order."""
+        tokens = root.view(1)
+        for head, level in enumerate(buffers.levels):
+            path_embeds = self._embeddings(tokens[level.parent_paths])  # [parents, head+1, H]
+            state = self.heads.head_state(head, hidden.expand(len(level.parent_paths), -1), path_embeds)
+            logits = self.heads.project(state, lm_head)  # [parents, V']
+            candidates = self.heads.token_ids(logits.topk(level.topk, dim=-1).indices)  # [parents, topk]
+            tokens = torch.cat([tokens, candidates.flatten()[level.select]])
+        return tokens
 
     def _verify_logits(self, node_hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(base logits [T, V], heads' logits [depth, T, V] or None).
@@ -143,14 +160,13 @@ class MedusaDecoder:
         prompt = torch.tensor([request.input_ids], device=device)
         hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
         root = choose_tokens(lm_head(hidden), sampling, generator)
-        head_logits = self._head_logits(hidden, root, buffers.depth, proposal_lm_head)
+        tree_tokens = self._draft(hidden, root, buffers, proposal_lm_head)
         first = emitter.emit(root.tolist())
         yield first
         if emitter.done:
             return
 
         while True:
-            tree_tokens = self._tree_tokens(root, head_logits, buffers)
             start = cache.length
             out = model.model(
                 input_ids=tree_tokens.unsqueeze(0),
@@ -182,6 +198,6 @@ class MedusaDecoder:
             node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
             root = predictions.index_select(0, node)
             if all_head_logits is None:
-                head_logits = self._head_logits(node_hidden.index_select(0, node), root, depth, proposal_lm_head)
+                tree_tokens = self._draft(node_hidden.index_select(0, node), root, buffers, proposal_lm_head)
             else:
-                head_logits = all_head_logits.index_select(1, node)[:, 0]
+                tree_tokens = self._tree_tokens(root, all_head_logits.index_select(1, node)[:, 0], buffers)

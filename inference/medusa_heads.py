@@ -9,10 +9,14 @@ token t, predicts token t+2+i. Two layouts:
 - `own_lm_head`: each head ends in its own Linear(hidden, vocab), as in upstream Medusa and the
   reference OpenPangu heads.
 
-Heads read either the hidden state alone (`medusa_head_input="hidden"`, upstream Medusa) or, with
-`"hidden_and_next_token"`, also the embedding of token t+1: the token the base model has just chosen at
-that position (the root of the next tree), so head 0 no longer has to guess it. Such a head starts with a
-Linear([hidden; embedding] -> hidden) initialised to pass the hidden state through.
+Heads read the hidden state alone (`medusa_head_input="hidden"`, upstream Medusa) or also the embeddings of
+tokens the tree has already put in front of them:
+- `"hidden_and_next_token"`: token t+1, the token the base model has just chosen at that position (the
+  root of the next tree), so head 0 no longer has to guess it.
+- `"hidden_and_path"` (sequentially dependent, as in Hydra): head i reads tokens t+1 .. t+1+i, the root and
+  the candidates on its tree path, so head i predicts t+2+i knowing what the heads before it proposed. The
+  tree is then drafted level by level (one batched call of head i over the nodes of level i).
+Such a head starts with a Linear([hidden; embeddings] -> hidden) initialised to pass the hidden state through.
 
 Shared-lm_head heads may carry a draft vocabulary (`medusa_draft_vocab_size` ids, the `draft_vocab`
 tensor): the tokens the base model emits most often. Proposals are then scored over those rows of the
@@ -36,7 +40,7 @@ import torch
 from torch import nn
 
 LAYOUTS = ("shared_lm_head", "own_lm_head")
-HEAD_INPUTS = ("hidden", "hidden_and_next_token")
+HEAD_INPUTS = ("hidden", "hidden_and_next_token", "hidden_and_path")
 HEADS_WEIGHTS = "medusa_lm_head.safetensors"
 HEADS_WEIGHTS_PT = "medusa_lm_head.pt"
 COMBINED_CONFIG = "medusa_config.json"
@@ -105,15 +109,20 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
-class NextTokenInput(nn.Linear):
-    """Linear([hidden; embedding of token t+1]) -> hidden, starting as a pass-through of the hidden state."""
+class TokenInput(nn.Linear):
+    """Linear([hidden; embeddings of `tokens` tokens]) -> hidden, starting as a pass-through of the hidden state."""
 
-    def __init__(self, hidden_size: int):
-        super().__init__(2 * hidden_size, hidden_size)
+    def __init__(self, hidden_size: int, tokens: int):
+        super().__init__((1 + tokens) * hidden_size, hidden_size)
         with torch.no_grad():
             self.weight.zero_()
             self.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
             self.bias.zero_()
+
+
+def tokens_read(head_input: str, head: int) -> int:
+    """How many tokens after t (t+1, t+2, ...) head `head` reads besides the hidden state of token t."""
+    return {"hidden": 0, "hidden_and_next_token": 1, "hidden_and_path": head + 1}[head_input]
 
 
 class MedusaHeads(nn.ModuleList):
@@ -121,18 +130,20 @@ class MedusaHeads(nn.ModuleList):
 
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
         own = config.medusa_head_layout == "own_lm_head"
-        reads_next_token = config.medusa_head_input == "hidden_and_next_token"
+        reads = [tokens_read(config.medusa_head_input, i) for i in range(config.medusa_num_heads)]
         super().__init__(
             nn.Sequential(
-                *([NextTokenInput(hidden_size)] if reads_next_token else []),
+                *([TokenInput(hidden_size, tokens)] if tokens else []),
                 *[ResBlock(hidden_size) for _ in range(config.medusa_num_layers)],
                 *([nn.Linear(hidden_size, vocab_size, bias=False)] if own else []),
             )
-            for _ in range(config.medusa_num_heads)
+            for tokens in reads
         )
         self.config = config
         self.own_lm_head = own
-        self.reads_next_token = reads_next_token
+        self.tokens_read = reads
+        self.reads_tokens = any(reads)
+        self.sequential = config.medusa_head_input == "hidden_and_path"
         if config.medusa_draft_vocab_size is not None:
             self.register_buffer("draft_vocab", torch.zeros(config.medusa_draft_vocab_size, dtype=torch.long))
         else:
@@ -143,29 +154,39 @@ class MedusaHeads(nn.ModuleList):
         return len(self)
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None,
-                next_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                token_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [num_heads, *hidden.shape[:-1], vocab] of the first `num_heads` heads.
 
-        `next_embeds` [*hidden.shape]: input embeddings of token t+1, required by next-token heads.
+        `token_embeds` [*hidden.shape[:-1], k, hidden]: input embeddings of tokens t+1 .. t+k, required by heads
+        that read tokens (k >= the most any of them reads; in training, the true tokens: teacher forcing).
         """
-        if self.own_lm_head:
-            return self.states(hidden, num_heads, next_embeds)
-        # fp32 heads over a bf16 lm_head
-        return lm_head(self.states(hidden, num_heads, next_embeds).to(lm_head.weight.dtype))
+        return self.project(self.states(hidden, num_heads, token_embeds), lm_head)
 
-    def next_token_embeds(self, embeddings: nn.Module, next_ids: torch.Tensor) -> torch.Tensor | None:
-        """The `next_embeds` these heads take: embeddings of token t+1, or None for hidden-only heads."""
-        return embeddings(next_ids) if self.reads_next_token else None
+    def project(self, states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Logits of the heads' outputs: theirs already for own_lm_head, else through the shared lm_head."""
+        if self.own_lm_head:
+            return states
+        return lm_head(states.to(lm_head.weight.dtype))  # fp32 heads over a bf16 lm_head
+
+    def token_embeds(self, embeddings: nn.Module, following_ids: torch.Tensor) -> torch.Tensor | None:
+        """The `token_embeds` these heads take from token ids [..., k] (t+1 .. t+k), or None if they read none."""
+        return embeddings(following_ids[..., : max(self.tokens_read)]) if self.reads_tokens else None
+
+    def head_state(self, head: int, hidden: torch.Tensor, token_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The output of one head [*hidden.shape[:-1], -1]: logits for own_lm_head, else the state that goes
+        through the shared lm_head."""
+        tokens = self.tokens_read[head]
+        if tokens:
+            if token_embeds is None or token_embeds.shape[-2] < tokens:
+                raise ValueError(f"head {head} reads the {tokens} token(s) after t: pass token_embeds")
+            read = token_embeds[..., :tokens, :].flatten(-2).to(hidden.dtype)
+            hidden = torch.cat([hidden, read], dim=-1)
+        return self[head](hidden)
 
     def states(self, hidden: torch.Tensor, num_heads: int | None = None,
-               next_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """The heads' outputs [num_heads, *hidden.shape[:-1], -1]: logits for own_lm_head, else the states
-        that go through the shared lm_head."""
-        if self.reads_next_token:
-            if next_embeds is None:
-                raise ValueError("these heads read token t+1: pass next_embeds")
-            hidden = torch.cat([hidden, next_embeds.to(hidden.dtype)], dim=-1)
-        return torch.stack([head(hidden) for head in list(self)[: num_heads or len(self)]])
+               token_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The first `num_heads` heads' outputs [num_heads, *hidden.shape[:-1], -1] (see `head_state`)."""
+        return torch.stack([self.head_state(i, hidden, token_embeds) for i in range(num_heads or len(self))])
 
     def proposal_lm_head(self, lm_head: nn.Linear) -> nn.Linear:
         """The projection proposals are scored with: the shared lm_head cut to the draft vocabulary (a copy:

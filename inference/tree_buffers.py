@@ -3,6 +3,9 @@
 Node 0 is the root (the token the base model already chose); node i > 0 is `tree[i-1]` in
 (depth, ranks) order. With `topk` candidates per head, the heads' proposals are flattened as
 `[root, head0 top-k..., head1 top-k..., ...]` and `tree_indices` picks each node's token from it.
+Sequentially dependent heads draft level by level instead (`levels`): head d-1 runs once per node of
+level d-1 that has children, reading that node's path, and each node of level d takes one of its
+parent's top-k tokens.
 """
 
 from dataclasses import dataclass
@@ -13,6 +16,15 @@ from medusa_choices import Tree, validate_tree
 
 
 @dataclass(frozen=True)
+class TreeLevel:
+    """How level d (1-based) of the tree is drafted by head d-1 from the nodes of level d-1."""
+
+    topk: int  # candidates taken per parent (max rank + 1 at this level)
+    parent_paths: torch.Tensor  # [parents, d] node ids root .. parent of each parent that has children here
+    select: torch.Tensor  # [nodes of level d] index into the parents' flattened [parents, topk] candidates
+
+
+@dataclass(frozen=True)
 class TreeBuffers:
     topk: int  # candidates taken from each head (max rank + 1)
     depth: int  # deepest level, = number of heads used
@@ -20,6 +32,7 @@ class TreeBuffers:
     position_offsets: torch.Tensor  # [1, T] depth of each node
     retrieve_indices: torch.Tensor  # [P, depth+1] node ids along each root-to-leaf path, -1 padded
     tree_mask: torch.Tensor  # [T, T] bool, node i may attend to node j (j is i or an ancestor of i)
+    levels: tuple[TreeLevel, ...]  # per level, for sequentially dependent heads
 
     @property
     def size(self) -> int:
@@ -49,6 +62,18 @@ def build_tree_buffers(tree: Tree, device: torch.device | str = "cpu") -> TreeBu
     def as_long(values):
         return torch.tensor(values, dtype=torch.long, device=device)
 
+    levels = []
+    for d in range(1, depth + 1):
+        here = [p for p in paths if len(p) == d]
+        parents = sorted({tuple(p[:-1]) for p in here})
+        slot = {parent: i for i, parent in enumerate(parents)}
+        level_topk = max(p[-1] for p in here) + 1
+        levels.append(TreeLevel(
+            topk=level_topk,
+            parent_paths=as_long([[node_of[parent[:j]] for j in range(d)] for parent in parents]),
+            select=as_long([slot[tuple(p[:-1])] * level_topk + p[-1] for p in here]),
+        ))
+
     return TreeBuffers(
         topk=topk,
         depth=depth,
@@ -56,6 +81,7 @@ def build_tree_buffers(tree: Tree, device: torch.device | str = "cpu") -> TreeBu
         position_offsets=as_long(offsets).unsqueeze(0),
         retrieve_indices=as_long(retrieve),
         tree_mask=mask.to(device),
+        levels=tuple(levels),
     )
 
 

@@ -32,7 +32,7 @@ def check_vllm_can_run(heads: MedusaHeads) -> None:
     if config.medusa_head_input != "hidden":
         raise VllmExportError(
             f"vLLM's Medusa runs heads that read the hidden state only; these heads use medusa_head_input="
-            f"{config.medusa_head_input!r} (they also read token t+1). Train heads with --head_input hidden "
+            f"{config.medusa_head_input!r} (they also read tokens after t). Train heads with --head_input hidden "
             "to serve them with vLLM, or serve these with this project's engine")
 
 

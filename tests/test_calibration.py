@@ -88,7 +88,7 @@ def test_timing_runs_every_size_in_turn_and_drops_the_warm_up_round():
 def test_a_step_runner_lasts_for_the_calls_it_was_made_for_even_when_every_token_is_accepted(tiny_pangu):
     model = tiny_pangu[1]
     heads = random_heads(model, num_heads=2)
-    heads.states = lambda hidden, num_heads=None, next_embeds=None: hidden.expand(num_heads, *hidden.shape)
+    heads.states = lambda hidden, num_heads=None, token_embeds=None: hidden.expand(num_heads, *hidden.shape)
     run = calibration.step_runner(model, calls=4, tree=[[0], [0, 0], [1]], heads=heads, context=8)
     for _ in range(4):
         run()

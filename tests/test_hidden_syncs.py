@@ -37,7 +37,7 @@ def test_the_profiler_sees_a_hidden_sync():
 
 @pytest.mark.parametrize("rule,sampling", [("greedy", Sampling()), ("sample", SAMPLED), ("typical", SAMPLED)])
 @pytest.mark.parametrize("head_input,draft", [("hidden", False), ("hidden_and_next_token", False),
-                                              ("hidden_and_next_token", True)])
+                                              ("hidden_and_next_token", True), ("hidden_and_path", True)])
 def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input, draft):
     model = tiny_pangu[1]
     draft_vocab = upper_half_vocab(model) if draft else None

@@ -6,7 +6,7 @@ import torch
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.demo_model import DEMO_HEADS_DIR
 from inference.medusa_decoding import MedusaDecoder
-from medusa_choices import load_tree
+from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts, upper_half_vocab
 from medusa_model import MedusaModel, load_heads
 
@@ -41,7 +41,7 @@ def test_plain_decoding_matches_hf_generate(tiny):
     assert [plain_greedy(model, p, NEW_TOKENS) for p in prompts] == references
 
 
-@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token"])
+@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token", "hidden_and_path"])
 @pytest.mark.parametrize("tree", TREES)
 def test_tiny_pangu_random_heads_equal_hf_greedy(tiny, tree, head_input):
     model, prompts, references = tiny
@@ -64,15 +64,42 @@ def test_next_token_heads_read_the_token_the_base_model_just_chose(tiny):
     model, prompts, references = tiny
     heads = random_heads(model, head_input="hidden_and_next_token")
     seen = []
-    heads.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["next_embeds"]), with_kwargs=True)
+    heads.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["token_embeds"]), with_kwargs=True)
     steps = list(MedusaDecoder(model, heads).decode(DecodeRequest(prompts[0], NEW_TOKENS), load_tree("tree_16")))
     assert [t for step in steps for t in step] == references[0]
     chosen = torch.tensor([step[-1] for step in steps[:-1]])  # after the last step no proposals are needed
     assert len(seen) == len(chosen) > 10
-    assert torch.equal(torch.cat(seen), model.get_input_embeddings()(chosen))
+    assert torch.equal(torch.cat(seen)[:, 0], model.get_input_embeddings()(chosen))
 
 
-@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token"])
+def reference_draft(heads, embeddings, lm_head, hidden, root: int, tree) -> list[int]:
+    """Node by node: the token of node `path` is rank path[-1] of head len(path)-1 reading the tokens on the
+    way to it (root first)."""
+    token_of = {(): root}
+    for path in validate_tree(tree):
+        parent = tuple(path[:-1])
+        read = embeddings(torch.tensor([[token_of[parent[:j]] for j in range(len(path))]]))
+        logits = heads.project(heads.head_state(len(path) - 1, hidden, read), lm_head)
+        token_of[tuple(path)] = heads.token_ids(logits.topk(path[-1] + 1, dim=-1).indices)[0, path[-1]].item()
+    return [token_of[()]] + [token_of[tuple(p)] for p in validate_tree(tree)]
+
+
+@pytest.mark.parametrize("draft", [False, True])
+@pytest.mark.parametrize("tree", TREES)
+def test_sequential_heads_draft_each_node_from_the_tokens_on_its_path(tiny, tree, draft):
+    model = tiny[0]
+    heads = random_heads(model, head_input="hidden_and_path", draft_vocab=upper_half_vocab(model) if draft else None)
+    decoder = MedusaDecoder(model, heads)
+    hidden, root = torch.randn(1, model.config.hidden_size), torch.tensor([5])
+    buffers = decoder.tree_buffers(load_tree(tree))
+    with torch.no_grad():
+        drafted = decoder._draft(hidden, root, buffers, decoder.proposal_lm_head()).tolist()
+        expected = reference_draft(heads, model.get_input_embeddings(), decoder.proposal_lm_head(), hidden, 5,
+                                   load_tree(tree))
+    assert drafted == expected
+
+
+@pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token", "hidden_and_path"])
 def test_heads_with_a_draft_vocabulary_propose_only_its_tokens_and_equal_hf_greedy(tiny, head_input):
     model, prompts, references = tiny
     draft = upper_half_vocab(model)

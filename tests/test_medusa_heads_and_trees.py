@@ -15,6 +15,8 @@ from medusa_model import MedusaConfig, MedusaHeads, MedusaLoadError, MedusaModel
 @pytest.mark.parametrize("layout,head_input,draft", [
     ("shared_lm_head", "hidden", False), ("own_lm_head", "hidden", False),
     ("shared_lm_head", "hidden_and_next_token", False), ("shared_lm_head", "hidden_and_next_token", True),
+    ("shared_lm_head", "hidden_and_path", False), ("shared_lm_head", "hidden_and_path", True),
+    ("own_lm_head", "hidden_and_path", False),
 ])
 def test_heads_round_trip_in_every_layout(tiny_pangu, tmp_path, layout, head_input, draft):
     model = tiny_pangu[1]
@@ -26,23 +28,37 @@ def test_heads_round_trip_in_every_layout(tiny_pangu, tmp_path, layout, head_inp
     assert (loaded.draft_vocab.tolist() if draft else loaded.draft_vocab) == draft_vocab
     for key, value in heads.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value)
-    hidden, next_embeds = torch.randn(2, 2, model.config.hidden_size)
-    assert torch.equal(loaded(hidden, model.lm_head, next_embeds=next_embeds),
-                       heads(hidden, model.lm_head, next_embeds=next_embeds))
+    hidden, token_embeds = torch.randn(2, model.config.hidden_size), torch.randn(2, 3, model.config.hidden_size)
+    assert torch.equal(loaded(hidden, model.lm_head, token_embeds=token_embeds),
+                       heads(hidden, model.lm_head, token_embeds=token_embeds))
 
 
-def test_untrained_next_token_heads_start_as_plain_heads(tiny_pangu):
+@pytest.mark.parametrize("head_input", ["hidden_and_next_token", "hidden_and_path"])
+def test_untrained_token_reading_heads_start_as_plain_heads(tiny_pangu, head_input):
     model = tiny_pangu[1]
     c = model.config
-    plain = MedusaHeads(MedusaConfig(2, 1, "shared_lm_head"), c.hidden_size, c.vocab_size)
-    reading = MedusaHeads(MedusaConfig(2, 1, "shared_lm_head", medusa_head_input="hidden_and_next_token"),
-                          c.hidden_size, c.vocab_size)
-    for i in range(2):
+    plain = MedusaHeads(MedusaConfig(3, 1, "shared_lm_head"), c.hidden_size, c.vocab_size)
+    reading = MedusaHeads(MedusaConfig(3, 1, "shared_lm_head", medusa_head_input=head_input), c.hidden_size, c.vocab_size)
+    for i in range(3):
         reading[i][1].load_state_dict(plain[i][0].state_dict())
-    hidden, next_embeds = torch.randn(2, 4, c.hidden_size)
-    assert torch.allclose(reading(hidden, model.lm_head, next_embeds=next_embeds), plain(hidden, model.lm_head))
-    with pytest.raises(ValueError, match="next_embeds"):
+    hidden, token_embeds = torch.randn(4, c.hidden_size), torch.randn(4, 3, c.hidden_size)
+    assert torch.allclose(reading(hidden, model.lm_head, token_embeds=token_embeds), plain(hidden, model.lm_head))
+    with pytest.raises(ValueError, match="token_embeds"):
         reading(hidden, model.lm_head)
+
+
+def test_sequential_head_i_reads_the_tokens_t1_to_t1_plus_i(tiny_pangu):
+    model = tiny_pangu[1]
+    c = model.config
+    heads = random_heads(model, num_heads=3, head_input="hidden_and_path")
+    assert heads.tokens_read == [1, 2, 3]
+    hidden, token_embeds = torch.randn(4, c.hidden_size), torch.randn(4, 3, c.hidden_size)
+    changed = token_embeds.clone()
+    changed[:, 1] += 1  # token t+2: heads 1 and 2 read it, head 0 does not
+    before, after = heads.states(hidden, token_embeds=token_embeds), heads.states(hidden, token_embeds=changed)
+    assert torch.equal(before[0], after[0]) and not torch.allclose(before[1], after[1])
+    with pytest.raises(ValueError, match="head 2 reads the 3 token"):
+        heads.states(hidden, token_embeds=token_embeds[:, :2])
 
 
 def test_own_lm_head_keys_follow_upstream_layout(tiny_pangu):
@@ -67,6 +83,7 @@ def test_pt_heads_load_with_weights_only(tiny_pangu, tmp_path):
     ({"medusa_num_heads": 5}, "missing"),
     ({"medusa_head_layout": "own_lm_head"}, "missing"),
     ({"medusa_head_input": "hidden_and_next_token"}, "unexpected"),
+    ({"medusa_head_input": "hidden_and_path"}, "unexpected"),
     ({"medusa_head_input": "tokens"}, "medusa_head_input must be one of"),
 ])
 def test_mismatched_heads_are_a_clear_error(tiny_pangu, tmp_path, change, message):

@@ -1,5 +1,6 @@
 """The head-training pipeline: prompt sources, distillation data, targets, training, tree building."""
 
+import gzip
 import json
 import logging
 from pathlib import Path
@@ -14,8 +15,9 @@ from medusa_choices import load_tree, validate_tree
 from medusa_helpers import random_heads
 from medusa_model import load_heads
 from train import draft_vocab, gen_distill_data, medusa_tree_builder, train_medusa
-from train.medusa_training import IGNORE, head_targets, read_samples
-from train.prompt_sources import iter_sharegpt
+from train.medusa_training import (IGNORE, CachedPositions, cache_hidden_states, head_targets, read_samples,
+                                   soft_cross_entropy)
+from train.prompt_sources import iter_humaneval, iter_sharegpt
 
 
 def test_truncated_sharegpt_file_yields_every_complete_conversation(tmp_path):
@@ -24,6 +26,15 @@ def test_truncated_sharegpt_file_yields_every_complete_conversation(tmp_path):
     text = json.dumps(records)
     (tmp_path / "sg.json").write_text(text[: text.rindex('{"id": "2"') + 25])  # cut inside the last record
     assert list(iter_sharegpt(tmp_path / "sg.json")) == ["q0", "q1"]
+
+
+def test_humaneval_tasks_become_requests_to_complete_the_function(tmp_path):
+    tasks = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n"} for i in range(2)]
+    with gzip.open(tmp_path / "HumanEval.jsonl.gz", "wt") as file:
+        file.write("".join(json.dumps(t) + "\n" for t in tasks))
+    prompts = list(iter_humaneval(tmp_path / "HumanEval.jsonl.gz"))
+    assert len(prompts) == 2 and prompts[1].startswith("Complete this Python function")
+    assert tasks[1]["prompt"] in prompts[1]
 
 
 def test_head_targets_skip_the_prompt_and_shift_per_head():
@@ -102,13 +113,16 @@ def test_distillation_resumes_without_losing_or_duplicating(distilled, tiny_pang
     assert logits[start : start + len(first["output_ids"])].argmax(-1).tolist() == first["output_ids"]
 
 
-@pytest.mark.parametrize("head_input,batches", [("hidden", "--cache_hidden"), ("hidden_and_next_token", None)])
-def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, capsys, head_input, batches):
+@pytest.mark.parametrize("head_input,options", [
+    ("hidden", ["--cache_hidden"]), ("hidden_and_next_token", []),
+    ("hidden_and_path", ["--cache_hidden", "--soft_targets"]), ("hidden_and_path", ["--soft_targets"]),
+])
+def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, capsys, head_input, options):
     directory, data = distilled
     out = tmp_path / "heads"
     assert train_medusa.main(["--base_model", str(directory), "--data", str(data), "--out", str(out),
                               "--num_heads", "3", "--epochs", "2", "--batch_size", "32", "--dtype", "fp32",
-                              "--lr", "3e-3", "--head_input", head_input] + ([batches] if batches else [])) == 0
+                              "--lr", "3e-3", "--head_input", head_input] + options) == 0
     report = json.loads((out / "training_report.json").read_text())
     assert [row["head"] for row in report["held_out_accuracy"]] == [0, 1, 2]
     assert json.loads((out / "config.json").read_text()).get("medusa_head_input", "hidden") == head_input
@@ -130,6 +144,32 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     assert json.loads((out / "config.json").read_text())["medusa_choices"] == built["tree"]
 
 
+def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_each_target(distilled, tiny_pangu):
+    directory, data = distilled
+    model = tiny_pangu[1]
+    samples = read_samples(data)[:3]
+    rows = CachedPositions(*cache_hidden_states(model, samples, num_heads=3, max_length=2048))
+    ids = [s["prompt_ids"] + s["output_ids"] for s in samples]
+    positions = [(k, t) for k, s in enumerate(samples) for t in range(len(s["prompt_ids"]) - 1, len(ids[k]) - 1)]
+    assert len(rows) == len(positions)
+    checked = 0
+    for row, (k, t) in enumerate(positions):
+        item = rows[row]
+        assert item["following_ids"].tolist() == (ids[k] + [0, 0, 0])[t + 1 : t + 4]  # teacher forcing
+        for i, label in enumerate(item["labels"].tolist()):
+            if label != IGNORE:  # greedy data: the base model's own choice for token t+2+i is the label
+                assert model.lm_head(item["teacher_hidden"][i]).argmax().item() == label == ids[k][t + 2 + i]
+                checked += 1
+    assert checked > 3 * len(samples)
+
+
+def test_soft_targets_equal_hard_ones_for_a_certain_teacher():
+    logits = torch.randn(5, 11)
+    labels = torch.tensor([1, 4, 0, 10, 3])
+    certain = torch.full((5, 11), -1e4).scatter(1, labels.unsqueeze(1), 1e4)
+    assert torch.allclose(soft_cross_entropy(logits, certain), torch.nn.functional.cross_entropy(logits, labels))
+
+
 def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
     samples = [{"prompt_ids": [1, 1, 1], "output_ids": [5, 7, 7, 9]}, {"prompt_ids": [1], "output_ids": [9, 7, 4, 5]}]
     assert draft_vocab.most_frequent_tokens(samples, 3) == [7, 5, 9]  # 5 and 9 tie: lower id first
@@ -142,12 +182,12 @@ def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu)
     hidden = torch.randn(40, model.config.hidden_size)
     with torch.no_grad():
         targets = random_heads(model, num_heads=2)(hidden, model.lm_head).argmax(-1).T  # each head's own top-1
-    next_ids = torch.zeros(40, dtype=torch.long)
+    following_ids = torch.zeros(40, 2, dtype=torch.long)
     reordered = torch.randperm(vocab).tolist()
     without_targets = sorted(set(range(vocab)) - set(targets.flatten().tolist()))
     for draft, top1 in ((None, 1.0), (reordered, 1.0), (without_targets, 0.0)):
         heads = random_heads(model, num_heads=2, draft_vocab=draft)
-        accuracy = medusa_tree_builder.rank_accuracy(heads, model, hidden, targets, next_ids, top_k=3)
+        accuracy = medusa_tree_builder.rank_accuracy(heads, model, hidden, targets, following_ids, top_k=3)
         assert [row[0] for row in accuracy] == [top1, top1]
 
 

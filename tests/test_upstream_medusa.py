@@ -142,7 +142,8 @@ def test_upstream_api_on_an_openpangu_medusa_directory_matches_our_engine(tiny_p
     assert last["ids"] == expected == hf_greedy(model, prompt, 40)
 
 
-@pytest.mark.parametrize("head_input,draft", [("hidden_and_next_token", False), ("hidden", True)])
+@pytest.mark.parametrize("head_input,draft", [("hidden_and_next_token", False), ("hidden_and_path", False),
+                                              ("hidden", True)])
 def test_heads_upstream_cannot_read_are_served_by_our_engine_for_any_base(tmp_path, head_input, draft):
     model, upstream_heads = tiny_llama_medusa(tmp_path)
     heads = random_heads(model, num_heads=4, head_input=head_input, draft_vocab=upper_half_vocab(model) if draft else None)

@@ -41,10 +41,11 @@ def test_a_name_vllm_would_drop_or_miss_is_an_error(tiny_pangu, tmp_path):
         check_vllm_names(tmp_path)
 
 
-def test_heads_that_read_the_next_token_are_refused_with_what_vllm_supports(tiny_pangu, tmp_path):
+@pytest.mark.parametrize("head_input", ["hidden_and_next_token", "hidden_and_path"])
+def test_heads_that_read_tokens_are_refused_with_what_vllm_supports(tiny_pangu, tmp_path, head_input):
     model = tiny_pangu[1]
-    with pytest.raises(VllmExportError, match="hidden state only.*hidden_and_next_token"):
-        export_vllm(random_heads(model, num_heads=2, head_input="hidden_and_next_token"), model.lm_head, tmp_path)
+    with pytest.raises(VllmExportError, match=f"hidden state only.*{head_input}"):
+        export_vllm(random_heads(model, num_heads=2, head_input=head_input), model.lm_head, tmp_path)
 
 
 def test_convert_medusa_writes_the_vllm_layout_and_refuses_next_token_heads(tiny_pangu, tmp_path, capsys):

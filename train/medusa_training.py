@@ -2,7 +2,10 @@
 
 Head i at position t is trained to predict token t+2+i (the base model's own lm_head predicts t+1).
 Only positions whose targets are response tokens count; prompt tokens are masked. Heads that read
-token t+1 (`medusa_head_input="hidden_and_next_token"`) get its embedding from the frozen base model.
+tokens after t (t+1, or t+1 .. t+1+i for sequentially dependent heads) get the embeddings of the TRUE
+tokens from the frozen base model (teacher forcing), which is what they see in a tree whose path so far
+was accepted. With `soft_targets`, head i also learns the base model's whole distribution for token
+t+2+i (its logits at position t+1+i, Hydra++'s teacher distillation), not only the token it chose.
 """
 
 import json
@@ -80,43 +83,55 @@ def pad_sequences(batch: list[dict], pad_id: int) -> dict:
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-def next_tokens(input_ids: torch.Tensor) -> torch.Tensor:
-    """Token t+1 for every position t (0 after the last one, where no head has a target)."""
-    return torch.cat([input_ids[..., 1:], torch.zeros_like(input_ids[..., :1])], dim=-1)
+def following_tokens(input_ids: torch.Tensor, count: int) -> torch.Tensor:
+    """[..., L, count]: tokens t+1 .. t+count for every position t (0 past the end, where no head has a target)."""
+    padded = torch.cat([input_ids, torch.zeros_like(input_ids[..., :count])], dim=-1)
+    return torch.stack([padded[..., 1 + i : 1 + i + input_ids.shape[-1]] for i in range(count)], dim=-1)
 
 
 class CachedPositions(Dataset):
-    """One row per trainable position: the frozen base model's hidden state, token t+1, the heads' targets.
+    """One row per position of an answer: the frozen base model's hidden state, tokens t+1 .. t+num_heads,
+    the heads' targets, and the hidden states at t+1 .. t+num_heads (whose lm_head logits are the base
+    model's distributions over each head's target, for soft targets).
 
     With a frozen base, the base forward is the same in every epoch, so on a CPU it is run once and
-    cached; training then touches only the heads and the (frozen) vocabulary projection.
+    cached; training then touches only the heads and the (frozen) vocabulary projection. Rows of a sample
+    are consecutive positions, so position t+1+i is row index+1+i wherever head i has a target at t.
     """
 
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, next_ids: torch.Tensor):
-        self.hidden, self.targets, self.next_ids = hidden, targets, next_ids
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, following_ids: torch.Tensor):
+        self.hidden, self.targets, self.following_ids = hidden, targets, following_ids
 
     def __len__(self):
         return self.hidden.shape[0]
 
     def __getitem__(self, index):
-        return {"hidden_states": self.hidden[index], "next_ids": self.next_ids[index], "labels": self.targets[index]}
+        ahead = torch.arange(index + 1, index + 1 + self.targets.shape[1]).clamp(max=len(self) - 1)
+        return {"hidden_states": self.hidden[index], "following_ids": self.following_ids[index],
+                "labels": self.targets[index], "teacher_hidden": self.hidden[ahead]}
 
 
 @torch.inference_mode()
 def cache_hidden_states(base_model, samples: list[dict], num_heads: int, max_length: int, progress=None):
-    """(hidden [N, H] in the model dtype, targets [N, num_heads], token t+1 [N]) for every position with a target."""
-    hidden_rows, target_rows, next_rows = [], [], []
+    """(hidden [N, H] in the model dtype, targets [N, num_heads], tokens t+1 .. t+num_heads [N, num_heads]) for
+    every answer position from the last prompt token to the one before the end (the last ones have no
+    target but hold the base model's distribution for the one before)."""
+    hidden_rows, target_rows, following_rows = [], [], []
     for sample in samples:
         ids = (sample["prompt_ids"] + sample["output_ids"])[:max_length]
-        targets = head_targets(len(sample["prompt_ids"]), ids, num_heads)
-        keep = (targets != IGNORE).any(dim=1)
+        keep = slice(len(sample["prompt_ids"]) - 1, len(ids) - 1)
         hidden = base_model.model(input_ids=torch.tensor([ids], device=base_model.device)).last_hidden_state[0]
-        hidden_rows.append(hidden[keep.to(hidden.device)].cpu())
-        target_rows.append(targets[keep])
-        next_rows.append(next_tokens(torch.tensor(ids))[keep])
+        hidden_rows.append(hidden[keep].cpu())
+        target_rows.append(head_targets(len(sample["prompt_ids"]), ids, num_heads)[keep])
+        following_rows.append(following_tokens(torch.tensor(ids), num_heads)[keep])
         if progress is not None:
             progress.update()
-    return torch.cat(hidden_rows), torch.cat(target_rows), torch.cat(next_rows)
+    return torch.cat(hidden_rows), torch.cat(target_rows), torch.cat(following_rows)
+
+
+def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of CE(softmax(teacher), student): the base model's whole distribution as the target."""
+    return -(teacher_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1).mean()
 
 
 class MedusaTrainingModule(nn.Module):
@@ -128,7 +143,7 @@ class MedusaTrainingModule(nn.Module):
     """
 
     def __init__(self, heads: nn.Module, lm_head: nn.Module, embeddings: nn.Module, base_model: nn.Module | None,
-                 head_weights: list[float]):
+                 head_weights: list[float], soft_targets: bool = False):
         super().__init__()
         self.heads = heads
         for module in (lm_head, embeddings, base_model):
@@ -136,17 +151,22 @@ class MedusaTrainingModule(nn.Module):
                 module.requires_grad_(False)
         self.frozen = (lm_head, embeddings, base_model)  # a tuple: not registered as submodules
         self.head_weights = head_weights
+        self.soft_targets = soft_targets
         self.last_accuracy: list[tuple[float, float, int]] = []
 
-    def forward(self, labels, hidden_states=None, next_ids=None, input_ids=None, attention_mask=None):
+    def forward(self, labels, hidden_states=None, following_ids=None, teacher_hidden=None, input_ids=None,
+                attention_mask=None):
         lm_head, embeddings, base_model = self.frozen
         if hidden_states is None:
             with torch.no_grad():
                 hidden_states = base_model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            next_ids = next_tokens(input_ids)
+            following_ids = following_tokens(input_ids, len(self.head_weights))
+            if self.soft_targets:  # head i's teacher is position t+1+i (wrapped rows have no target)
+                teacher_hidden = torch.stack(
+                    [hidden_states.roll(-1 - i, dims=1) for i in range(len(self.head_weights))], dim=-2)
         hidden_states = hidden_states.to(next(self.heads.parameters()).dtype)
-        next_embeds = self.heads.next_token_embeds(embeddings, next_ids)
-        logits = self.heads(hidden_states, lm_head, next_embeds=next_embeds)  # [heads, ..., V]
+        token_embeds = self.heads.token_embeds(embeddings, following_ids)
+        logits = self.heads(hidden_states, lm_head, token_embeds=token_embeds)  # [heads, ..., V]
         loss, accuracy = 0.0, []
         for i, weight in enumerate(self.head_weights):
             head_logits, target = logits[i].reshape(-1, logits.shape[-1]), labels[..., i].reshape(-1)
@@ -154,7 +174,13 @@ class MedusaTrainingModule(nn.Module):
             if not valid.any():
                 accuracy.append((0.0, 0.0, 0))
                 continue
-            loss = loss + weight * nn.functional.cross_entropy(head_logits[valid].float(), target[valid])
+            if self.soft_targets:
+                with torch.no_grad():
+                    teacher = lm_head(teacher_hidden[..., i, :].reshape(-1, teacher_hidden.shape[-1])[valid])
+                head_loss = soft_cross_entropy(head_logits[valid], teacher)
+            else:
+                head_loss = nn.functional.cross_entropy(head_logits[valid].float(), target[valid])
+            loss = loss + weight * head_loss
             with torch.no_grad():
                 top5 = head_logits[valid].topk(5, dim=-1).indices
                 hits = top5 == target[valid].unsqueeze(-1)

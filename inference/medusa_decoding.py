@@ -1,6 +1,7 @@
 """Medusa tree decoding on the stock transformers forward of any Llama-family model.
 
-Each step: the heads' top-k proposals are laid out as a tree, the whole tree is verified in ONE forward
+Each step: the heads' top-k proposals are laid out as a tree (sequentially dependent heads draft it level
+by level, each node from the tokens on its path), the whole tree is verified in ONE forward
 with a 4D tree mask and explicit positions, the longest candidate prefix that agrees with the base
 model is accepted (plus the base model's own next token), and the KV cache keeps that path in place.
 All of it stays on the device except one small transfer per step (accepted length and tokens).

@@ -113,6 +113,15 @@ def test_distillation_resumes_without_losing_or_duplicating(distilled, tiny_pang
     assert logits[start : start + len(first["output_ids"])].argmax(-1).tolist() == first["output_ids"]
 
 
+def test_distillation_takes_prompts_from_skip_up_to_stop_only(distilled, tmp_path):
+    directory, data = distilled
+    out = tmp_path / "range.jsonl"
+    assert gen_distill_data.main(["--base_model", str(directory), "--prompts", str(data.parent / "prompts.jsonl"),
+                                  "--out", str(out), "--skip", "2", "--stop", "5", "--max_samples", "10",
+                                  "--max_new_tokens", "4", "--dtype", "fp32"]) == 0
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [2, 3, 4]
+
+
 @pytest.mark.parametrize("head_input,options", [
     ("hidden", ["--cache_hidden"]), ("hidden_and_next_token", []),
     ("hidden_and_path", ["--cache_hidden", "--soft_targets"]), ("hidden_and_path", ["--soft_targets"]),

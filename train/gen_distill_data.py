@@ -32,6 +32,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", required=True, help="JSONL to append to (resumed if it exists)")
     parser.add_argument("--max_samples", type=int, default=1000, help="stop after this many records in --out")
     parser.add_argument("--skip", type=int, default=0, help="skip the first N prompts (e.g. to make a held-out set)")
+    parser.add_argument("--stop", type=int, help="use only prompts before this index (keeps a held-out range untouched)")
     parser.add_argument("--max_prompt_tokens", type=int, default=384, help="skip longer prompts")
     parser.add_argument("--max_new_tokens", type=int, default=192)
     parser.add_argument("--batch_size", type=int, default=8)
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
             progress.update(len(pending))
             pending.clear()
 
-        for index, prompt in enumerate(islice(iter_prompts(args.prompts), args.skip, None), start=args.skip):
+        for index, prompt in enumerate(islice(iter_prompts(args.prompts), args.skip, args.stop), start=args.skip):
             if written + len(pending) >= args.max_samples:
                 break
             if index in done:

@@ -14,7 +14,7 @@ from inference.loading import load_causal_lm
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import random_heads
 from medusa_model import load_heads
-from train import draft_vocab, gen_distill_data, medusa_tree_builder, train_medusa
+from train import draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
 from train.medusa_training import (IGNORE, CachedPositions, cache_hidden_states, head_targets, read_samples,
                                    soft_cross_entropy)
 from train.prompt_sources import iter_humaneval, iter_sharegpt
@@ -213,6 +213,23 @@ def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):
     assert f"Loading model from {out / f'checkpoint-{first}'}" in caplog.text
     state = json.loads((out / f"checkpoint-{2 * first}" / "trainer_state.json").read_text())
     assert state["global_step"] == 2 * first
+
+
+def test_a_checkpoint_exports_to_the_heads_the_run_had_at_that_step(distilled, tmp_path, capsys):
+    directory, data = distilled
+    out = tmp_path / "heads"
+    assert train_medusa.main(["--base_model", str(directory), "--data", str(data), "--out", str(out),
+                              "--num_heads", "2", "--head_input", "hidden_and_path", "--cache_hidden",
+                              "--batch_size", "32", "--dtype", "fp32", "--epochs", "1"]) == 0
+    steps = json.loads((out / "training_report.json").read_text())["steps"]
+    assert export_checkpoint.main(["--checkpoint", str(out / f"checkpoint-{steps}"), "--out", str(tmp_path / "x")]) == 0
+    assert f"training step {steps}" in capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    final, exported = (load_heads(d, config["hidden_size"], config["vocab_size"]) for d in (out, tmp_path / "x"))
+    assert exported.config == final.config and exported.config.medusa_head_input == "hidden_and_path"
+    for key, value in final.state_dict().items():
+        assert torch.equal(exported.state_dict()[key], value)
+    assert export_checkpoint.main(["--checkpoint", str(tmp_path / "x"), "--out", str(tmp_path / "y")]) == 2
 
 
 @pytest.mark.parametrize("name,local_rank,expected", [

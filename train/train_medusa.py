@@ -137,6 +137,9 @@ def main(argv=None) -> int:
                               args.base_model or DEMO_NAME, tree, args.head_input)
         heads = MedusaHeads(config, hidden, vocab).to(device)
         heads.init_from_lm_head(model.lm_head)
+        # written first, so checkpoints of a run stopped early can be exported (train/export_checkpoint.py)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         weights = [args.head_decay**i for i in range(args.num_heads)]
         if args.cache_hidden:
             progress = tqdm(total=len(samples), desc="caching hidden states", unit="sample")

@@ -1,0 +1,56 @@
+"""Heads from a checkpoint of train/train_medusa.py, so a run stopped early (out of time, or an earlier step
+that measured better) keeps what it learned: the checkpoint's `heads.*` weights become a heads directory
+with the run's config (train_medusa.py writes it into --out before training starts).
+
+    python train/export_checkpoint.py --checkpoint runs/heads/checkpoint-2000 --out runs/heads-step2000
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from inference.errors import UserError, run_command
+from inference.medusa_heads import MedusaHeads, read_medusa_config, save_heads
+
+PREFIX = "heads."
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint-N directory inside a train_medusa.py --out")
+    parser.add_argument("--out", required=True, help="heads directory to write")
+    return parser.parse_args(argv)
+
+
+def export_checkpoint(checkpoint: Path, out: Path) -> int:
+    """Save the heads of `checkpoint` to `out`; returns the checkpoint's training step."""
+    from safetensors.torch import load_file
+
+    config = read_medusa_config(checkpoint.parent)
+    weights = checkpoint / "model.safetensors"
+    if config is None or not weights.is_file():
+        raise UserError(f"{checkpoint} is not a checkpoint of train_medusa.py (needs {weights.name} and the run's "
+                        f"config.json in {checkpoint.parent})")
+    heads = MedusaHeads(config, config.hidden_size, config.vocab_size)
+    state = {k[len(PREFIX):]: v for k, v in load_file(str(weights)).items() if k.startswith(PREFIX)}
+    try:
+        heads.load_state_dict(state)
+    except RuntimeError as error:
+        raise UserError(f"the weights in {weights} do not fit the run's config: {error}") from None
+    save_heads(heads.float(), out)
+    return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def body():
+        step = export_checkpoint(Path(args.checkpoint), Path(args.out))
+        print(f"heads of training step {step} saved to {args.out}", file=sys.stderr)
+
+    return run_command(body, "interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

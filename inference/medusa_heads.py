@@ -287,14 +287,19 @@ def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) 
         declared = getattr(config, name)
         if declared is not None and declared != expected:
             raise MedusaLoadError(f"the heads in {directory} were made for {name}={declared}, the base model has {expected}")
+    return heads_from_state(config, _read_state_dict(directory), hidden_size, vocab_size, str(directory))
+
+
+def heads_from_state(config: MedusaConfig, state: dict[str, torch.Tensor], hidden_size: int, vocab_size: int,
+                     source: str) -> MedusaHeads:
+    """Heads of `config` with the weights `state` (read from `source`), checked key by key and shape by shape."""
     heads = MedusaHeads(config, hidden_size, vocab_size)
-    state = _read_state_dict(directory)
     expected_shapes = {k: tuple(v.shape) for k, v in heads.state_dict().items()}
     missing = sorted(set(expected_shapes) - set(state))
     unexpected = sorted(set(state) - set(expected_shapes))
     if missing or unexpected:
         raise MedusaLoadError(
-            f"the head weights in {directory} do not match {config.medusa_num_heads} heads x "
+            f"the head weights in {source} do not match {config.medusa_num_heads} heads x "
             f"{config.medusa_num_layers} layers ({config.medusa_head_layout}, input {config.medusa_head_input}): "
             f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
             f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}"
@@ -302,17 +307,17 @@ def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) 
     for key, shape in expected_shapes.items():
         if tuple(state[key].shape) != shape:
             raise MedusaLoadError(
-                f"{key} in {directory} has shape {tuple(state[key].shape)}, the base model needs {shape} "
+                f"{key} in {source} has shape {tuple(state[key].shape)}, the base model needs {shape} "
                 "(heads trained for another model?)"
             )
     heads.load_state_dict(state)
     if heads.draft_vocab is not None:
         ids = heads.draft_vocab.tolist()
         if not all(0 <= i < vocab_size for i in ids):
-            raise MedusaLoadError(f"the draft vocabulary in {directory} holds ids outside the base vocabulary ({vocab_size})")
+            raise MedusaLoadError(f"the draft vocabulary in {source} holds ids outside the base vocabulary ({vocab_size})")
         if len(set(ids)) != len(ids):
             # Siblings could then carry equal tokens, and sampled acceptance would no longer be lossless.
-            raise MedusaLoadError(f"the draft vocabulary in {directory} lists a token more than once")
+            raise MedusaLoadError(f"the draft vocabulary in {source} lists a token more than once")
     return heads
 
 

@@ -15,8 +15,9 @@ from medusa_choices import load_tree, validate_tree
 from medusa_helpers import random_heads
 from medusa_model import load_heads
 from train import draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
-from train.medusa_training import (IGNORE, CachedPositions, cache_hidden_states, head_targets, read_samples,
-                                   soft_cross_entropy)
+from train import medusa_training
+from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
+                                   most_frequent_tokens, read_samples, soft_cross_entropy)
 from train.prompt_sources import iter_humaneval, iter_sharegpt
 
 
@@ -125,6 +126,7 @@ def test_distillation_takes_prompts_from_skip_up_to_stop_only(distilled, tmp_pat
 @pytest.mark.parametrize("head_input,options", [
     ("hidden", ["--cache_hidden"]), ("hidden_and_next_token", []),
     ("hidden_and_path", ["--cache_hidden", "--soft_targets"]), ("hidden_and_path", ["--soft_targets"]),
+    ("hidden_and_path", ["--cache_hidden", "--soft_targets", "--draft_vocab_size", "30"]),
 ])
 def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, capsys, head_input, options):
     directory, data = distilled
@@ -142,7 +144,7 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     assert draft_vocab.main(["--heads", str(out), "--data", str(data), "--size", "20"]) == 0
     config = json.loads((out / "config.json").read_text())
     heads = load_heads(out, config["hidden_size"], config["vocab_size"])
-    assert heads.draft_vocab.tolist() == draft_vocab.most_frequent_tokens(read_samples(data), 20)
+    assert heads.draft_vocab.tolist() == most_frequent_tokens(read_samples(data), 20)
 
     tree_file = tmp_path / "tree.json"
     assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),
@@ -157,7 +159,7 @@ def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_e
     directory, data = distilled
     model = tiny_pangu[1]
     samples = read_samples(data)[:3]
-    rows = CachedPositions(*cache_hidden_states(model, samples, num_heads=3, max_length=2048))
+    rows = CachedPositions(*cache_hidden_states(model, samples, num_heads=3, max_length=2048), soft_targets=True)
     ids = [s["prompt_ids"] + s["output_ids"] for s in samples]
     positions = [(k, t) for k, s in enumerate(samples) for t in range(len(s["prompt_ids"]) - 1, len(ids[k]) - 1)]
     assert len(rows) == len(positions)
@@ -181,8 +183,61 @@ def test_soft_targets_equal_hard_ones_for_a_certain_teacher():
 
 def test_draft_vocabulary_keeps_the_most_frequent_answer_tokens():
     samples = [{"prompt_ids": [1, 1, 1], "output_ids": [5, 7, 7, 9]}, {"prompt_ids": [1], "output_ids": [9, 7, 4, 5]}]
-    assert draft_vocab.most_frequent_tokens(samples, 3) == [7, 5, 9]  # 5 and 9 tie: lower id first
-    assert draft_vocab.most_frequent_tokens(samples, 10) == [7, 5, 9, 4]
+    assert most_frequent_tokens(samples, 3) == [7, 5, 9]  # 5 and 9 tie: lower id first
+    assert most_frequent_tokens(samples, 10) == [7, 5, 9, 4]
+
+
+def test_rows_carry_teacher_hidden_states_only_for_soft_targets():
+    rows = (torch.randn(6, 4), torch.zeros(6, 2, dtype=torch.long), torch.zeros(6, 2, dtype=torch.long))
+    assert "teacher_hidden" not in CachedPositions(*rows)[0]
+    assert torch.equal(CachedPositions(*rows, soft_targets=True)[2]["teacher_hidden"], rows[0][3:5])
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_heads_with_a_draft_vocabulary_train_over_its_rows_and_skip_targets_outside_it(tiny_pangu, soft):
+    model = tiny_pangu[1]
+    draft = [5, 9, 2, 30, 17]
+    heads = random_heads(model, num_heads=2, draft_vocab=draft)
+    module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), None, [1.0, 0.5], soft)
+    hidden = torch.randn(4, model.config.hidden_size)
+    labels = torch.tensor([[9, 17], [11, IGNORE], [5, 2], [IGNORE, 40]])  # 11 and 40 are not in the draft
+    teacher_hidden = torch.randn(4, 2, model.config.hidden_size)
+    loss = module(labels, hidden_states=hidden, following_ids=torch.zeros(4, 2, dtype=torch.long),
+                  teacher_hidden=teacher_hidden)["loss"]
+    rows = model.lm_head.weight[draft]
+    with torch.no_grad():
+        logits = heads.states(hidden) @ rows.T  # [heads, 4, 5]: scores over the draft rows only
+        kept = {0: ([0, 2], [1, 0]), 1: ([0, 2], [4, 2])}  # rows and their draft indices per head
+        expected = 0.0
+        for i, weight in enumerate([1.0, 0.5]):
+            positions, indices = kept[i]
+            if soft:
+                teacher = teacher_hidden[positions, i] @ rows.T
+                expected += weight * soft_cross_entropy(logits[i, positions], teacher)
+            else:
+                expected += weight * torch.nn.functional.cross_entropy(logits[i, positions], torch.tensor(indices))
+    assert torch.allclose(loss, expected, atol=1e-5)
+    assert [counted for _, _, counted in module.last_accuracy] == [3, 3]  # accuracy counts every target
+
+
+def test_hidden_states_are_cached_beside_the_data_and_remade_when_it_changes(distilled, tiny_pangu, tmp_path, monkeypatch):
+    model = tiny_pangu[1]
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(distilled[1].read_bytes())
+    samples = read_samples(data)
+    first = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    assert (tmp_path / "data.jsonl.hidden.pt").is_file()
+
+    def base_forward(*args, **kwargs):
+        raise AssertionError("the base model ran although its hidden states were cached")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(medusa_training, "answer_hidden_states", base_forward)
+        again = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:4]))
+    fewer = read_samples(data)
+    assert len(medusa_training.cached_answer_hidden_states(model, data, fewer, 2048)) == len(fewer) == 4
 
 
 def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu):

@@ -7,11 +7,11 @@ proposed. Counted on the distillation data's answers, i.e. the base model's own 
     python train/draft_vocab.py --heads train/demo_heads --data data/train.jsonl --size 4096
 
 Check the accuracy it costs with train/medusa_tree_builder.py (it scores through the draft vocabulary).
+Heads trained over a draft vocabulary (train_medusa.py --draft_vocab_size) already carry the one they learned.
 """
 
 import argparse
 import sys
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from inference.errors import UserError, run_command
 from inference.loading import resolve_model_dir
 from inference.medusa_heads import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint, load_heads,
                                     read_medusa_config, save_heads)
-from train.medusa_training import read_samples
+from train.medusa_training import most_frequent_tokens, read_samples
 
 
 def parse_args(argv=None):
@@ -30,12 +30,6 @@ def parse_args(argv=None):
     parser.add_argument("--data", required=True, help="distillation JSONL the frequencies are counted on")
     parser.add_argument("--size", type=int, default=8192, help="tokens kept (fewer if the data has fewer distinct ones)")
     return parser.parse_args(argv)
-
-
-def most_frequent_tokens(samples: list[dict], size: int) -> list[int]:
-    """Up to `size` answer token ids, most frequent first (ties: lower id first)."""
-    counts = Counter(token for sample in samples for token in sample["output_ids"])
-    return sorted(counts, key=lambda token: (-counts[token], token))[:size]
 
 
 def with_draft_vocab(heads: MedusaHeads, tokens: list[int]) -> MedusaHeads:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from inference.errors import UserError, run_command
-from inference.medusa_heads import MedusaHeads, read_medusa_config, save_heads
+from inference.medusa_heads import heads_from_state, read_medusa_config, save_heads
 
 PREFIX = "heads."
 
@@ -32,12 +32,8 @@ def export_checkpoint(checkpoint: Path, out: Path) -> int:
     if config is None or not weights.is_file():
         raise UserError(f"{checkpoint} is not a checkpoint of train_medusa.py (needs {weights.name} and the run's "
                         f"config.json in {checkpoint.parent})")
-    heads = MedusaHeads(config, config.hidden_size, config.vocab_size)
     state = {k[len(PREFIX):]: v for k, v in load_file(str(weights)).items() if k.startswith(PREFIX)}
-    try:
-        heads.load_state_dict(state)
-    except RuntimeError as error:
-        raise UserError(f"the weights in {weights} do not fit the run's config: {error}") from None
+    heads = heads_from_state(config, state, config.hidden_size, config.vocab_size, str(weights))
     save_heads(heads.float(), out)
     return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
 

@@ -9,6 +9,7 @@ t+2+i (its logits at position t+1+i, Hydra++'s teacher distillation), not only t
 """
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -91,42 +92,96 @@ def following_tokens(input_ids: torch.Tensor, count: int) -> torch.Tensor:
 
 class CachedPositions(Dataset):
     """One row per position of an answer: the frozen base model's hidden state, tokens t+1 .. t+num_heads,
-    the heads' targets, and the hidden states at t+1 .. t+num_heads (whose lm_head logits are the base
-    model's distributions over each head's target, for soft targets).
+    the heads' targets and, for soft targets, the hidden states at t+1 .. t+num_heads (whose lm_head logits
+    are the base model's distributions over each head's target).
 
     With a frozen base, the base forward is the same in every epoch, so on a CPU it is run once and
     cached; training then touches only the heads and the (frozen) vocabulary projection. Rows of a sample
     are consecutive positions, so position t+1+i is row index+1+i wherever head i has a target at t.
     """
 
-    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, following_ids: torch.Tensor):
+    def __init__(self, hidden: torch.Tensor, targets: torch.Tensor, following_ids: torch.Tensor,
+                 soft_targets: bool = False):
         self.hidden, self.targets, self.following_ids = hidden, targets, following_ids
+        self.soft_targets = soft_targets
 
     def __len__(self):
         return self.hidden.shape[0]
 
     def __getitem__(self, index):
-        ahead = torch.arange(index + 1, index + 1 + self.targets.shape[1]).clamp(max=len(self) - 1)
-        return {"hidden_states": self.hidden[index], "following_ids": self.following_ids[index],
-                "labels": self.targets[index], "teacher_hidden": self.hidden[ahead]}
+        item = {"hidden_states": self.hidden[index], "following_ids": self.following_ids[index],
+                "labels": self.targets[index]}
+        if self.soft_targets:
+            ahead = torch.arange(index + 1, index + 1 + self.targets.shape[1]).clamp(max=len(self) - 1)
+            item["teacher_hidden"] = self.hidden[ahead]
+        return item
+
+
+def answer_span(sample: dict, max_length: int) -> tuple[list[int], slice]:
+    """The sample's ids (cut to max_length) and its cached positions: the last prompt token to the one before
+    the end (the last ones have no target but hold the base model's distribution for the one before)."""
+    ids = (sample["prompt_ids"] + sample["output_ids"])[:max_length]
+    return ids, slice(len(sample["prompt_ids"]) - 1, len(ids) - 1)
 
 
 @torch.inference_mode()
-def cache_hidden_states(base_model, samples: list[dict], num_heads: int, max_length: int, progress=None):
-    """(hidden [N, H] in the model dtype, targets [N, num_heads], tokens t+1 .. t+num_heads [N, num_heads]) for
-    every answer position from the last prompt token to the one before the end (the last ones have no
-    target but hold the base model's distribution for the one before)."""
-    hidden_rows, target_rows, following_rows = [], [], []
+def answer_hidden_states(base_model, samples: list[dict], max_length: int, progress=None) -> list[torch.Tensor]:
+    """Per sample, the base model's last hidden states [positions, H] (model dtype, CPU) at its `answer_span`."""
+    rows = []
     for sample in samples:
-        ids = (sample["prompt_ids"] + sample["output_ids"])[:max_length]
-        keep = slice(len(sample["prompt_ids"]) - 1, len(ids) - 1)
+        ids, keep = answer_span(sample, max_length)
         hidden = base_model.model(input_ids=torch.tensor([ids], device=base_model.device)).last_hidden_state[0]
-        hidden_rows.append(hidden[keep].cpu())
-        target_rows.append(head_targets(len(sample["prompt_ids"]), ids, num_heads)[keep])
-        following_rows.append(following_tokens(torch.tensor(ids), num_heads)[keep])
+        rows.append(hidden[keep].cpu())
         if progress is not None:
             progress.update()
+    return rows
+
+
+def position_rows(samples: list[dict], hidden_rows: list[torch.Tensor], num_heads: int, max_length: int):
+    """(hidden [N, H], targets [N, num_heads], tokens t+1 .. t+num_heads [N, num_heads]) of every cached position."""
+    target_rows, following_rows = [], []
+    for sample in samples:
+        ids, keep = answer_span(sample, max_length)
+        target_rows.append(head_targets(len(sample["prompt_ids"]), ids, num_heads)[keep])
+        following_rows.append(following_tokens(torch.tensor(ids), num_heads)[keep])
     return torch.cat(hidden_rows), torch.cat(target_rows), torch.cat(following_rows)
+
+
+def cache_hidden_states(base_model, samples: list[dict], num_heads: int, max_length: int, progress=None):
+    """`position_rows` of `samples`, running the base model over each of them once."""
+    return position_rows(samples, answer_hidden_states(base_model, samples, max_length, progress), num_heads, max_length)
+
+
+def hidden_cache_path(data: Path, base_model, max_length: int) -> tuple[Path, dict]:
+    """Where the hidden states of a data file are kept (beside it), and what they must have been made from."""
+    stat = data.stat()
+    source = {"data_bytes": stat.st_size, "data_mtime_ns": stat.st_mtime_ns, "max_length": max_length,
+              "base_model": str(base_model.config._name_or_path), "dtype": str(base_model.dtype)}
+    return data.with_name(data.name + ".hidden.pt"), source
+
+
+def cached_answer_hidden_states(base_model, data: Path, samples: list[dict], max_length: int,
+                                progress=None) -> list[torch.Tensor]:
+    """`answer_hidden_states` of a data file's samples, from its cache file when that was made from the same file
+    and base model, else computed and saved there: resuming or retraining does not pay for the base again."""
+    path, source = hidden_cache_path(data, base_model, max_length)
+    if path.is_file():
+        cached = torch.load(path, map_location="cpu", weights_only=True)
+        if cached.get("source") == source and len(cached["rows"]) == len(samples):
+            if progress is not None:
+                progress.update(len(samples))
+            return cached["rows"]
+    rows = answer_hidden_states(base_model, samples, max_length, progress)
+    partial = path.with_name(path.name + ".partial")
+    torch.save({"source": source, "rows": rows}, partial)
+    partial.replace(path)  # a kill mid-write never leaves a torn cache behind
+    return rows
+
+
+def most_frequent_tokens(samples: list[dict], size: int) -> list[int]:
+    """Up to `size` answer token ids, most frequent first (ties: lower id first): a draft vocabulary."""
+    counts = Counter(token for sample in samples for token in sample["output_ids"])
+    return sorted(counts, key=lambda token: (-counts[token], token))[:size]
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -140,6 +195,10 @@ class MedusaTrainingModule(nn.Module):
     `base_model` runs in the step (sequence batches) or is None (cached hidden states); its lm_head and
     input embeddings are used frozen either way. Only the heads are submodules: checkpoints, optimizer
     state and DeepSpeed see the heads alone, never a second copy of the base model.
+
+    Heads with a draft vocabulary train over it, as they propose at inference: logits (and soft targets) over
+    its rows of the lm_head only, which is most of a step's cost for a large vocabulary; targets outside it,
+    which no proposal can hit, are left out of the loss but counted in the accuracy.
     """
 
     def __init__(self, heads: nn.Module, lm_head: nn.Module, embeddings: nn.Module, base_model: nn.Module | None,
@@ -154,6 +213,15 @@ class MedusaTrainingModule(nn.Module):
         self.soft_targets = soft_targets
         self.last_accuracy: list[tuple[float, float, int]] = []
 
+    def draft_targets(self, labels: torch.Tensor) -> torch.Tensor:
+        """`labels` as indices into the proposal projection's rows (IGNORE where the draft vocabulary lacks them)."""
+        draft_vocab = self.heads.draft_vocab
+        if draft_vocab is None:
+            return labels
+        index = torch.full((self.frozen[0].weight.shape[0],), IGNORE, dtype=torch.long, device=labels.device)
+        index[draft_vocab] = torch.arange(len(draft_vocab), device=labels.device)
+        return torch.where(labels == IGNORE, IGNORE, index[labels.clamp(min=0)])
+
     def forward(self, labels, hidden_states=None, following_ids=None, teacher_hidden=None, input_ids=None,
                 attention_mask=None):
         lm_head, embeddings, base_model = self.frozen
@@ -165,25 +233,28 @@ class MedusaTrainingModule(nn.Module):
                 teacher_hidden = torch.stack(
                     [hidden_states.roll(-1 - i, dims=1) for i in range(len(self.head_weights))], dim=-2)
         hidden_states = hidden_states.to(next(self.heads.parameters()).dtype)
+        projection = self.heads.proposal_lm_head(lm_head)
         token_embeds = self.heads.token_embeds(embeddings, following_ids)
-        logits = self.heads(hidden_states, lm_head, token_embeds=token_embeds)  # [heads, ..., V]
+        logits = self.heads(hidden_states, projection, token_embeds=token_embeds)  # [heads, ..., proposals]
+        draft_labels = self.draft_targets(labels)
         loss, accuracy = 0.0, []
         for i, weight in enumerate(self.head_weights):
-            head_logits, target = logits[i].reshape(-1, logits.shape[-1]), labels[..., i].reshape(-1)
+            head_logits, target = logits[i].reshape(-1, logits.shape[-1]), draft_labels[..., i].reshape(-1)
+            counted = int((labels[..., i] != IGNORE).sum())
             valid = target != IGNORE
             if not valid.any():
-                accuracy.append((0.0, 0.0, 0))
+                accuracy.append((0.0, 0.0, counted))
                 continue
             if self.soft_targets:
                 with torch.no_grad():
-                    teacher = lm_head(teacher_hidden[..., i, :].reshape(-1, teacher_hidden.shape[-1])[valid])
+                    teacher = projection(teacher_hidden[..., i, :].reshape(-1, teacher_hidden.shape[-1])[valid])
                 head_loss = soft_cross_entropy(head_logits[valid], teacher)
             else:
                 head_loss = nn.functional.cross_entropy(head_logits[valid].float(), target[valid])
             loss = loss + weight * head_loss
             with torch.no_grad():
-                top5 = head_logits[valid].topk(5, dim=-1).indices
+                top5 = head_logits[valid].topk(min(5, head_logits.shape[-1]), dim=-1).indices
                 hits = top5 == target[valid].unsqueeze(-1)
-                accuracy.append((hits[:, 0].float().sum().item(), hits.any(-1).float().sum().item(), int(valid.sum())))
+                accuracy.append((hits[:, 0].float().sum().item(), hits.any(-1).float().sum().item(), counted))
         self.last_accuracy = accuracy
         return {"loss": loss}

@@ -22,17 +22,17 @@ import torch
 
 from inference.demo_model import DEMO_NAME
 from inference.devices import resolve_device
-from inference.errors import run_command
+from inference.errors import UserError, run_command
 from inference.loading import load_base_from_args
 from inference.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads
 from medusa_choices import load_tree
-from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cache_hidden_states,
-                                   pad_sequences, read_samples)
+from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cached_answer_hidden_states,
+                                   most_frequent_tokens, pad_sequences, position_rows, read_samples)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--data", required=True, help="JSONL from train/gen_distill_data.py")
+    parser.add_argument("--data", required=True, nargs="+", help="JSONL file(s) from train/gen_distill_data.py")
     parser.add_argument("--out", required=True, help="directory for the heads (and Trainer checkpoints)")
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--num_heads", type=int, default=4)
@@ -43,6 +43,9 @@ def parse_args(argv=None):
                         "hidden_and_path: head i reads tokens t+1 .. t+1+i (sequentially dependent, Hydra-style)")
     parser.add_argument("--soft_targets", action="store_true",
                         help="learn the base model's whole distribution for each target (its logits), not only its token")
+    parser.add_argument("--draft_vocab_size", type=int,
+                        help="train and propose over the K most frequent answer tokens only (a draft vocabulary): "
+                        "K/V of the vocabulary projection's cost, in training and at inference")
     parser.add_argument("--head_decay", type=float, default=0.8, help="loss weight of head i is decay**i")
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -50,7 +53,9 @@ def parse_args(argv=None):
     parser.add_argument("--grad_accum", type=int, default=1)
     parser.add_argument("--max_length", type=int, default=2048)
     parser.add_argument("--eval_fraction", type=float, default=0.05, help="held-out samples for accuracy")
-    parser.add_argument("--cache_hidden", action="store_true", help="run the frozen base once and train on its hidden states")
+    parser.add_argument("--cache_hidden", action="store_true",
+                        help="run the frozen base once and train on its hidden states (kept beside each data file as "
+                        "<data>.hidden.pt and reused while the file and base model are unchanged)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     parser.add_argument("--deepspeed", help="DeepSpeed config (e.g. train/deepspeed.json)")
     parser.add_argument("--device", default="auto")
@@ -68,6 +73,18 @@ def process_device(name: str, local_rank: str | None) -> str:
         return name
     kind = name if name in ("npu", "cuda") else resolve_device(name).type
     return name if kind == "cpu" else f"{kind}:{local_rank}"
+
+
+def draft_vocabulary(args, train_samples: list[dict], vocab_size: int) -> list[int] | None:
+    """The tokens heads trained with --draft_vocab_size propose from: the most frequent in the training answers."""
+    if args.draft_vocab_size is None:
+        return None
+    if args.draft_vocab_size < 1 or args.layout != "shared_lm_head":
+        raise UserError("--draft_vocab_size needs a positive size and shared_lm_head heads")
+    tokens = most_frequent_tokens(train_samples, args.draft_vocab_size)
+    if max(tokens) >= vocab_size:
+        raise UserError(f"the training data hold token ids beyond the base model's vocabulary ({vocab_size})")
+    return tokens
 
 
 def build_trainer_class():
@@ -126,26 +143,38 @@ def main(argv=None) -> int:
         args.device = process_device(args.device, os.environ.get("LOCAL_RANK"))
         model, tokenizer, _ = load_base_from_args(args)
         device = model.device
-        samples = read_samples(args.data)
+        files = [(Path(path), read_samples(path)) for path in args.data]
+        if args.cache_hidden:
+            progress = tqdm(total=sum(len(s) for _, s in files), desc="caching hidden states", unit="sample")
+            for path, file_samples in files:
+                rows = cached_answer_hidden_states(model, path, file_samples, args.max_length, progress)
+                for sample, hidden_rows in zip(file_samples, rows):
+                    sample["answer_hidden"] = hidden_rows
+            progress.close()
+        samples = [sample for _, file_samples in files for sample in file_samples]
         random.Random(args.seed).shuffle(samples)
         held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0
         train_samples, eval_samples = samples[held_out:], samples[:held_out]
         hidden, vocab = model.config.hidden_size, model.config.vocab_size
         # stored resolved, so the heads do not depend on the working directory or a name's meaning
         tree = load_tree(args.tree, args.num_heads) if args.tree else None
+        draft_tokens = draft_vocabulary(args, train_samples, vocab)
         config = MedusaConfig(args.num_heads, args.num_layers, args.layout, hidden, vocab,
-                              args.base_model or DEMO_NAME, tree, args.head_input)
+                              args.base_model or DEMO_NAME, tree, args.head_input,
+                              len(draft_tokens) if draft_tokens else None)
         heads = MedusaHeads(config, hidden, vocab).to(device)
         heads.init_from_lm_head(model.lm_head)
+        if draft_tokens:
+            heads.draft_vocab.copy_(torch.tensor(draft_tokens))
         # written first, so checkpoints of a run stopped early can be exported (train/export_checkpoint.py)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         weights = [args.head_decay**i for i in range(args.num_heads)]
         if args.cache_hidden:
-            progress = tqdm(total=len(samples), desc="caching hidden states", unit="sample")
-            train_set = CachedPositions(*cache_hidden_states(model, train_samples, args.num_heads, args.max_length, progress))
-            eval_set = CachedPositions(*cache_hidden_states(model, eval_samples, args.num_heads, args.max_length, progress))
-            progress.close()
+            train_set, eval_set = (
+                CachedPositions(*position_rows(part, [s["answer_hidden"] for s in part], args.num_heads, args.max_length),
+                                soft_targets=args.soft_targets)
+                for part in (train_samples, eval_samples))
             module = MedusaTrainingModule(heads, model.lm_head, model.get_input_embeddings(), None, weights,
                                           args.soft_targets)
             collator = None
@@ -176,7 +205,7 @@ def main(argv=None) -> int:
         accuracy = evaluate_accuracy(module, eval_set, args.batch_size) if len(eval_set) else []
         save_heads(heads.float().cpu(), args.out)
         report = {
-            "data": str(args.data), "samples": len(samples), "train_samples": len(train_samples),
+            "data": args.data, "samples": len(samples), "train_samples": len(train_samples),
             "held_out_samples": len(eval_samples), "train_items": len(train_set), "epochs": args.epochs,
             "steps": trainer.state.global_step, "seconds": round(time.time() - started, 1),
             "held_out_accuracy": accuracy, "args": {k: v for k, v in vars(args).items()},

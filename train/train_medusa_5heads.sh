@@ -2,7 +2,8 @@
 # Medusa heads for OpenPangu-Embedded-7B on Ascend NPUs (8 x 910B by default), the documented recipe:
 # self-distilled ShareGPT + HumanEval answers, 5 sequentially dependent shared-lm_head heads (head i reads
 # tokens t+1 .. t+1+i, the design that measured best on the demo model, train/demo_heads/README.md),
-# frozen bf16 base, DeepSpeed ZeRO-2, a draft vocabulary, and a tree chosen on a held-out split.
+# soft targets (the base model's distributions), frozen bf16 base, DeepSpeed ZeRO-2, trained over a 32k draft
+# vocabulary, and a tree chosen on a held-out split.
 #   BASE=/models/openPangu-Embedded-7B NPUS=8 bash train/train_medusa_5heads.sh
 set -euo pipefail
 BASE=${BASE:?set BASE to the OpenPangu-Embedded-7B directory}
@@ -20,16 +21,14 @@ distill --out "$DATA_DIR/sharegpt.jsonl" --stop 15000 --max_samples 20000
 distill --out "$DATA_DIR/humaneval.jsonl" --prompts humaneval --stop 132 --max_samples 132
 distill --out "$DATA_DIR/heldout_sharegpt.jsonl" --skip 16000 --max_samples 300
 distill --out "$DATA_DIR/heldout_humaneval.jsonl" --prompts humaneval --skip 132 --max_samples 32
-cat "$DATA_DIR/sharegpt.jsonl" "$DATA_DIR/humaneval.jsonl" > "$DATA_DIR/train.jsonl"
 cat "$DATA_DIR/heldout_sharegpt.jsonl" "$DATA_DIR/heldout_humaneval.jsonl" > "$DATA_DIR/heldout.jsonl"
 
 torchrun --nproc_per_node "$NPUS" train/train_medusa.py --base_model "$BASE" --device npu \
-    --data "$DATA_DIR/train.jsonl" --out "$OUT" --num_heads 5 --layout shared_lm_head \
-    --head_input hidden_and_path --epochs 2 --lr 1e-3 --batch_size 4 --grad_accum 4 \
-    --deepspeed train/deepspeed.json --resume
-# Proposals from the 32k most frequent answer tokens: the heads' projection costs a fifth of the full one.
-python train/draft_vocab.py --heads "$OUT" --data "$DATA_DIR/train.jsonl" --size 32768
-# --save_in_heads records the tree and the per-head accuracy that --medusa_choices auto chooses from;
+    --data "$DATA_DIR/sharegpt.jsonl" "$DATA_DIR/humaneval.jsonl" --out "$OUT" --num_heads 5 \
+    --layout shared_lm_head --head_input hidden_and_path --soft_targets --draft_vocab_size 32768 \
+    --epochs 2 --lr 1e-3 --batch_size 4 --grad_accum 4 --deepspeed train/deepspeed.json --resume
+# Trained and proposing over the 32k most frequent answer tokens, the heads' projection costs a fifth of the
+# full one. --save_in_heads records the tree and the per-head accuracy that --medusa_choices auto chooses from;
 # on an NPU a 16-64-token verification costs about one token, so larger trees are worth timing.
 python train/medusa_tree_builder.py --base_model "$BASE" --device npu --heads "$OUT" \
     --data "$DATA_DIR/heldout.jsonl" --out "$OUT/tree.json" --budgets 8,16,24,32,48,63 --save_in_heads

@@ -9,6 +9,7 @@ t+2+i (its logits at position t+1+i, Hydra++'s teacher distillation), not only t
 """
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -172,7 +173,7 @@ def cached_answer_hidden_states(base_model, data: Path, samples: list[dict], max
                 progress.update(len(samples))
             return cached["rows"]
     rows = answer_hidden_states(base_model, samples, max_length, progress)
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # one per process (torchrun ranks)
     torch.save({"source": source, "rows": rows}, partial)
     partial.replace(path)  # a kill mid-write never leaves a torn cache behind
     return rows

@@ -235,6 +235,9 @@ def test_hidden_states_are_cached_beside_the_data_and_remade_when_it_changes(dis
         patch.setattr(medusa_training, "answer_hidden_states", base_forward)
         again = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+    data.write_text("".join(reversed(data.read_text().splitlines(keepends=True))))  # as many samples, others first
+    remade = medusa_training.cached_answer_hidden_states(model, data, read_samples(data), 2048)
+    assert all(torch.equal(a, b) for a, b in zip(reversed(first), remade))
     data.write_text("".join(data.read_text().splitlines(keepends=True)[:4]))
     fewer = read_samples(data)
     assert len(medusa_training.cached_answer_hidden_states(model, data, fewer, 2048)) == len(fewer) == 4

@@ -21,7 +21,7 @@ from inference.errors import UserError, run_command
 from inference.loading import resolve_model_dir
 from inference.medusa_heads import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint, load_heads,
                                     read_medusa_config, save_heads)
-from train.medusa_training import most_frequent_tokens, read_samples
+from train.medusa_training import draft_vocabulary, read_samples
 
 
 def parse_args(argv=None):
@@ -45,8 +45,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     def body():
-        if args.size < 1:
-            raise UserError("--size must be at least 1")
         directory = resolve_model_dir(args.heads)
         if is_one_checkpoint(directory):
             raise UserError(f"{directory} keeps its heads inside the model weights: add the draft vocabulary to "
@@ -55,9 +53,7 @@ def main(argv=None) -> int:
         if config is None or config.hidden_size is None or config.vocab_size is None:
             raise MedusaLoadError(f"{directory} has no heads config with hidden_size and vocab_size")
         heads = load_heads(directory, config.hidden_size, config.vocab_size)
-        tokens = most_frequent_tokens(read_samples(args.data), args.size)
-        if max(tokens) >= config.vocab_size:
-            raise MedusaLoadError(f"{args.data} holds token ids beyond the heads' vocabulary ({config.vocab_size})")
+        tokens = draft_vocabulary(read_samples(args.data), args.size, config.vocab_size)
         save_heads(with_draft_vocab(heads, tokens), directory, combined=(Path(directory) / COMBINED_CONFIG).is_file())
         print(f"{directory}: proposals from the {len(tokens)} most frequent tokens of {args.data}", file=sys.stderr)
 

@@ -185,6 +185,16 @@ def most_frequent_tokens(samples: list[dict], size: int) -> list[int]:
     return sorted(counts, key=lambda token: (-counts[token], token))[:size]
 
 
+def draft_vocabulary(samples: list[dict], size: int, vocab_size: int) -> list[int]:
+    """`most_frequent_tokens` checked against the model they are for: a positive size, ids inside its vocabulary."""
+    if size < 1:
+        raise UserError("a draft vocabulary needs a size of at least 1")
+    tokens = most_frequent_tokens(samples, size)
+    if max(tokens) >= vocab_size:
+        raise UserError(f"the distilled answers hold token ids beyond the model's vocabulary ({vocab_size})")
+    return tokens
+
+
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Mean over rows of CE(softmax(teacher), student): the base model's whole distribution as the target."""
     return -(teacher_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1).mean()
@@ -213,15 +223,29 @@ class MedusaTrainingModule(nn.Module):
         self.head_weights = head_weights
         self.soft_targets = soft_targets
         self.last_accuracy: list[tuple[float, float, int]] = []
+        self._proposal: tuple[torch.device, nn.Module, torch.Tensor | None] | None = None
 
-    def draft_targets(self, labels: torch.Tensor) -> torch.Tensor:
-        """`labels` as indices into the proposal projection's rows (IGNORE where the draft vocabulary lacks them)."""
-        draft_vocab = self.heads.draft_vocab
-        if draft_vocab is None:
+    def proposal(self) -> tuple[nn.Module, torch.Tensor | None]:
+        """(the heads' projection, token id -> its row or IGNORE), built once per device of the frozen lm_head,
+        not in every step (the base model may move to its device after this module is built)."""
+        lm_head = self.frozen[0]
+        device = lm_head.weight.device
+        if self._proposal is None or self._proposal[0] != device:
+            draft_vocab = self.heads.draft_vocab
+            index = None
+            if draft_vocab is not None:
+                draft_vocab = draft_vocab.to(device)
+                index = torch.full((lm_head.weight.shape[0],), IGNORE, dtype=torch.long, device=device)
+                index[draft_vocab] = torch.arange(len(draft_vocab), device=device)
+            self._proposal = (device, self.heads.proposal_lm_head(lm_head), index)
+        return self._proposal[1:]
+
+    @staticmethod
+    def draft_targets(labels: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """`labels` as rows of the proposal projection (IGNORE where the draft vocabulary lacks them)."""
+        if index is None:
             return labels
-        index = torch.full((self.frozen[0].weight.shape[0],), IGNORE, dtype=torch.long, device=labels.device)
-        index[draft_vocab] = torch.arange(len(draft_vocab), device=labels.device)
-        return torch.where(labels == IGNORE, IGNORE, index[labels.clamp(min=0)])
+        return torch.where(labels == IGNORE, IGNORE, index.to(labels.device)[labels.clamp(min=0)])
 
     def forward(self, labels, hidden_states=None, following_ids=None, teacher_hidden=None, input_ids=None,
                 attention_mask=None):
@@ -234,10 +258,10 @@ class MedusaTrainingModule(nn.Module):
                 teacher_hidden = torch.stack(
                     [hidden_states.roll(-1 - i, dims=1) for i in range(len(self.head_weights))], dim=-2)
         hidden_states = hidden_states.to(next(self.heads.parameters()).dtype)
-        projection = self.heads.proposal_lm_head(lm_head)
+        projection, draft_index = self.proposal()
         token_embeds = self.heads.token_embeds(embeddings, following_ids)
         logits = self.heads(hidden_states, projection, token_embeds=token_embeds)  # [heads, ..., proposals]
-        draft_labels = self.draft_targets(labels)
+        draft_labels = self.draft_targets(labels, draft_index)
         loss, accuracy = 0.0, []
         for i, weight in enumerate(self.head_weights):
             head_logits, target = logits[i].reshape(-1, logits.shape[-1]), draft_labels[..., i].reshape(-1)

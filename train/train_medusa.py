@@ -27,7 +27,7 @@ from inference.loading import load_base_from_args
 from inference.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads
 from medusa_choices import load_tree
 from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cached_answer_hidden_states,
-                                   most_frequent_tokens, pad_sequences, position_rows, read_samples)
+                                   draft_vocabulary, pad_sequences, position_rows, read_samples)
 
 
 def parse_args(argv=None):
@@ -75,16 +75,13 @@ def process_device(name: str, local_rank: str | None) -> str:
     return name if kind == "cpu" else f"{kind}:{local_rank}"
 
 
-def draft_vocabulary(args, train_samples: list[dict], vocab_size: int) -> list[int] | None:
+def draft_tokens(args, train_samples: list[dict], vocab_size: int) -> list[int] | None:
     """The tokens heads trained with --draft_vocab_size propose from: the most frequent in the training answers."""
     if args.draft_vocab_size is None:
         return None
-    if args.draft_vocab_size < 1 or args.layout != "shared_lm_head":
-        raise UserError("--draft_vocab_size needs a positive size and shared_lm_head heads")
-    tokens = most_frequent_tokens(train_samples, args.draft_vocab_size)
-    if max(tokens) >= vocab_size:
-        raise UserError(f"the training data hold token ids beyond the base model's vocabulary ({vocab_size})")
-    return tokens
+    if args.layout != "shared_lm_head":
+        raise UserError("--draft_vocab_size needs shared_lm_head heads")
+    return draft_vocabulary(train_samples, args.draft_vocab_size, vocab_size)
 
 
 def build_trainer_class():
@@ -158,14 +155,14 @@ def main(argv=None) -> int:
         hidden, vocab = model.config.hidden_size, model.config.vocab_size
         # stored resolved, so the heads do not depend on the working directory or a name's meaning
         tree = load_tree(args.tree, args.num_heads) if args.tree else None
-        draft_tokens = draft_vocabulary(args, train_samples, vocab)
+        draft_ids = draft_tokens(args, train_samples, vocab)
         config = MedusaConfig(args.num_heads, args.num_layers, args.layout, hidden, vocab,
                               args.base_model or DEMO_NAME, tree, args.head_input,
-                              len(draft_tokens) if draft_tokens else None)
+                              len(draft_ids) if draft_ids else None)
         heads = MedusaHeads(config, hidden, vocab).to(device)
         heads.init_from_lm_head(model.lm_head)
-        if draft_tokens:
-            heads.draft_vocab.copy_(torch.tensor(draft_tokens))
+        if draft_ids:
+            heads.draft_vocab.copy_(torch.tensor(draft_ids))
         # written first, so checkpoints of a run stopped early can be exported (train/export_checkpoint.py)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")

@@ -141,10 +141,14 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
                                  "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
-    assert draft_vocab.main(["--heads", str(out), "--data", str(data), "--size", "20"]) == 0
     config = json.loads((out / "config.json").read_text())
+    trained_over = load_heads(out, config["hidden_size"], config["vocab_size"]).draft_vocab
+    assert draft_vocab.main(["--heads", str(out), "--data", str(data), "--size", "20"]) == (0 if trained_over is None else 2)
     heads = load_heads(out, config["hidden_size"], config["vocab_size"])
-    assert heads.draft_vocab.tolist() == most_frequent_tokens(read_samples(data), 20)
+    if trained_over is None:
+        assert heads.draft_vocab.tolist() == most_frequent_tokens(read_samples(data), 20)
+    else:  # heads trained over a draft vocabulary keep the one they learned
+        assert heads.draft_vocab.tolist() == trained_over.tolist() and len(trained_over) > 20
 
     tree_file = tmp_path / "tree.json"
     assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),

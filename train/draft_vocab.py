@@ -7,7 +7,9 @@ proposed. Counted on the distillation data's answers, i.e. the base model's own 
     python train/draft_vocab.py --heads train/demo_heads --data data/train.jsonl --size 4096
 
 Check the accuracy it costs with train/medusa_tree_builder.py (it scores through the draft vocabulary).
-Heads trained over a draft vocabulary (train_medusa.py --draft_vocab_size) already carry the one they learned.
+Heads that already carry a draft vocabulary are refused: heads trained over one (train_medusa.py
+--draft_vocab_size) learned only its rows, and a different one would have them propose from rows they never
+scored.
 """
 
 import argparse
@@ -52,6 +54,10 @@ def main(argv=None) -> int:
         config = read_medusa_config(directory)
         if config is None or config.hidden_size is None or config.vocab_size is None:
             raise MedusaLoadError(f"{directory} has no heads config with hidden_size and vocab_size")
+        if config.medusa_draft_vocab_size:
+            raise UserError(f"{directory} already proposes from a {config.medusa_draft_vocab_size}-token draft "
+                            "vocabulary; heads trained over one learned only its rows, so retrain with "
+                            "train_medusa.py --draft_vocab_size for another")
         heads = load_heads(directory, config.hidden_size, config.vocab_size)
         tokens = draft_vocabulary(read_samples(args.data), args.size, config.vocab_size)
         save_heads(with_draft_vocab(heads, tokens), directory, combined=(Path(directory) / COMBINED_CONFIG).is_file())

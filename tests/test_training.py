@@ -18,7 +18,7 @@ from train import draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_
 from train import medusa_training
 from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
                                    most_frequent_tokens, read_samples, soft_cross_entropy)
-from train.prompt_sources import iter_humaneval, iter_sharegpt
+from train.prompt_sources import iter_humaneval, iter_sharegpt, iter_sharegpt_later_turns
 
 
 def test_truncated_sharegpt_file_yields_every_complete_conversation(tmp_path):
@@ -27,6 +27,18 @@ def test_truncated_sharegpt_file_yields_every_complete_conversation(tmp_path):
     text = json.dumps(records)
     (tmp_path / "sg.json").write_text(text[: text.rindex('{"id": "2"') + 25])  # cut inside the last record
     assert list(iter_sharegpt(tmp_path / "sg.json")) == ["q0", "q1"]
+
+
+def test_later_sharegpt_turns_are_every_human_turn_but_the_opening_ones(tmp_path):
+    def turn(speaker, text):
+        return {"from": speaker, "value": text}
+    conversations = [[turn("human", "q0"), turn("gpt", "a"), turn("human", "q0 again"), turn("gpt", "b")],
+                     [turn("gpt", "hello"), turn("human", "q1"), turn("human", " ")],
+                     [turn("human", "q2"), turn("gpt", "a"), turn("human", "q2 again")]]
+    text = json.dumps([{"id": str(i), "conversations": c} for i, c in enumerate(conversations)])
+    (tmp_path / "sg.json").write_text(text[: text.rindex('{"id": "2"') + 40])  # the last one is truncated
+    assert list(iter_sharegpt(tmp_path / "sg.json")) == ["q0"]
+    assert list(iter_sharegpt_later_turns(tmp_path / "sg.json")) == ["q0 again", "q1"]
 
 
 def test_humaneval_tasks_become_requests_to_complete_the_function(tmp_path):

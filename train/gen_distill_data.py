@@ -18,7 +18,7 @@ import torch
 
 from inference.chat import prompt_ids
 from inference.decoding import eos_ids
-from inference.errors import run_command
+from inference.errors import UserError, run_command
 from inference.jsonl import jsonl_lines
 from inference.loading import load_base_from_args
 from train.prompt_sources import SHAREGPT, iter_prompts
@@ -110,7 +110,9 @@ def main(argv=None) -> int:
             progress.update(len(pending))
             pending.clear()
 
+        in_range = 0
         for index, prompt in enumerate(islice(iter_prompts(args.prompts), args.skip, args.stop), start=args.skip):
+            in_range += 1
             if written + len(pending) >= args.max_samples:
                 break
             if index in done:
@@ -124,6 +126,9 @@ def main(argv=None) -> int:
         if pending:
             flush()
         progress.close()
+        if not in_range:  # e.g. a held-out split asked past the end of its source: say so, do not write nothing
+            raise UserError(f"{args.prompts} has no prompts from index {args.skip}"
+                            + (f" to {args.stop}" if args.stop is not None else "") + ": check --skip / --stop")
         print(f"{written} samples in {out}", file=sys.stderr)
 
     return run_command(body, f"interrupted: {args.out} keeps every finished batch; rerun the same command to resume")

@@ -38,8 +38,7 @@ def with_draft_vocab(heads: MedusaHeads, tokens: list[int]) -> MedusaHeads:
     """A copy of `heads` whose proposals come from `tokens` only."""
     config = replace(heads.config, medusa_draft_vocab_size=len(tokens))
     updated = MedusaHeads(config, config.hidden_size, config.vocab_size)
-    state = {k: v for k, v in heads.state_dict().items() if k != "draft_vocab"}
-    updated.load_state_dict(state | {"draft_vocab": torch.tensor(tokens, dtype=torch.long)})
+    updated.load_state_dict(heads.state_dict() | {"draft_vocab": torch.tensor(tokens, dtype=torch.long)})
     return updated
 
 

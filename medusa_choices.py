@@ -12,6 +12,7 @@ on a 2-core CPU a k-token forward costs ~1.4x a 1-token one at k=8 and ~2.3x at 
 import heapq
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 Tree = list[list[int]]
@@ -81,13 +82,64 @@ def validate_tree(tree: Tree, num_heads: int | None = None) -> Tree:
     return sorted(paths, key=lambda p: (len(p), p))
 
 
-def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree:
-    """A named tree from this module, or a JSON file (a list of paths, or {"tree": [...]})."""
+@dataclass(frozen=True)
+class DynamicTree:
+    """A tree of `nodes` nodes chosen anew at every step from the heads' own probabilities (as EAGLE-2 does),
+    instead of one fixed shape: level by level, the `expand` most likely nodes get their `top_k` most likely
+    children, and the `nodes` most likely nodes of all (likelihood = product of the probabilities on the
+    path) are verified. Confident steps get deep chains, uncertain ones wide levels, for the same cost.
+    The defaults were chosen on held-out data (train/demo_heads/README.md)."""
+
+    nodes: int = 16
+    top_k: int = 8
+    expand: int = 4
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.top_k < 1 or not 1 <= self.expand <= self.top_k:
+            raise TreeError("a dynamic tree needs nodes >= 1, top_k >= 1 and 1 <= expand <= top_k")
+
+    def __len__(self) -> int:
+        return self.nodes
+
+    def __str__(self) -> str:
+        return f"{DYNAMIC}:{self.nodes}"
+
+    def candidates(self, depth: int) -> int:
+        """Nodes scored per step when drafting `depth` levels: top_k at level 1, expand * top_k below."""
+        return self.top_k + (depth - 1) * self.expand * self.top_k
+
+    def checked(self, num_heads: int) -> "DynamicTree":
+        if self.nodes > self.candidates(num_heads):
+            raise TreeError(f"a dynamic tree of {self.nodes} nodes needs more candidates than {num_heads} heads "
+                            f"score ({self.candidates(num_heads)} with top_k {self.top_k}, expand {self.expand})")
+        return self
+
+
+DYNAMIC = "dynamic"
+
+
+def parse_dynamic(name: str) -> DynamicTree | None:
+    """`dynamic` (16 nodes) or `dynamic:N` as a DynamicTree; None for any other name."""
+    prefix, _, nodes = name.partition(":")
+    if prefix != DYNAMIC:
+        return None
+    if nodes and not nodes.isdigit():
+        raise TreeError(f"{name!r}: a dynamic tree is written dynamic or dynamic:N (N nodes, e.g. dynamic:16)")
+    return DynamicTree(int(nodes)) if nodes else DynamicTree()
+
+
+def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree | DynamicTree:
+    """A named tree from this module, `dynamic[:N]` (a `DynamicTree`), or a JSON file (a list of paths, or
+    {"tree": [...]})."""
+    dynamic = parse_dynamic(name_or_file)
+    if dynamic is not None:
+        return dynamic if num_heads is None else dynamic.checked(num_heads)
     if name_or_file in NAMED_TREES:
         return validate_tree(NAMED_TREES[name_or_file], num_heads)
     path = Path(name_or_file)
     if not path.is_file():
-        raise TreeError(f"unknown tree {name_or_file!r}: use one of {', '.join(NAMED_TREES)} or a JSON file")
+        raise TreeError(f"unknown tree {name_or_file!r}: use one of {', '.join(NAMED_TREES)}, "
+                        f"{DYNAMIC}[:N] or a JSON file")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:

@@ -32,7 +32,7 @@ from inference.plain_decoding import plain_decode
 from inference.runtime_choice import RuntimeChoice, choose_runtime
 from inference.sampling import Sampling
 from inference.vllm_export import export_vllm
-from medusa_choices import Tree, load_tree, validate_tree
+from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
 TREE_CHOICES = ("auto", "heads")
 SAVE_LAYOUTS = LAYOUTS_ON_DISK + ("vllm",)
@@ -81,7 +81,7 @@ def untrained_heads(base_model: nn.Module, num_heads: int = 4, num_layers: int =
     return heads
 
 
-def fixed_tree(tree: str | Tree, heads: MedusaHeads, device_type: str) -> Tree | None:
+def fixed_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: str) -> Tree | DynamicTree | None:
     """The tree a `tree` argument names, or None when "auto" may choose one (the heads record their accuracy).
 
     "heads": the tree saved with the heads, else the device's default. A tree deeper than the heads is
@@ -89,6 +89,8 @@ def fixed_tree(tree: str | Tree, heads: MedusaHeads, device_type: str) -> Tree |
     """
     if isinstance(tree, list):
         return validate_tree(tree, heads.num_heads)
+    if isinstance(tree, DynamicTree):
+        return tree.checked(heads.num_heads)
     if tree == "auto" and heads.config.medusa_head_accuracy is not None:
         return None
     if tree in TREE_CHOICES:
@@ -99,20 +101,22 @@ def fixed_tree(tree: str | Tree, heads: MedusaHeads, device_type: str) -> Tree |
     return load_tree(tree, heads.num_heads)
 
 
-def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: str | None, tree: Tree | None,
+def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: str | None, tree: Tree | DynamicTree | None,
                         log: Callable[[str], None] = _stderr) -> RuntimeChoice:
     """Dtype and tree for this machine (calibrated once, then cached); what is given is kept as given."""
     if dtype is not None and tree is not None:
         return RuntimeChoice.as_given(dtype, tree)
     profile = step_profile(model, heads, [dtype] if dtype else None, log)
-    return choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree)
+    return choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree,
+                          dynamic=heads.propose_after_verification)
 
 
 class MedusaModel(nn.Module):
     """A base causal LM plus Medusa heads. `tree` None means plain decoding: no tree is expected to be
     faster on this hardware (see `runtime.reason`)."""
 
-    def __init__(self, base_model: nn.Module, heads: MedusaHeads, tokenizer=None, tree: Tree | None = None,
+    def __init__(self, base_model: nn.Module, heads: MedusaHeads, tokenizer=None,
+                 tree: Tree | DynamicTree | None = None,
                  runtime: RuntimeChoice | None = None):
         super().__init__()
         self.base_model = base_model
@@ -136,13 +140,14 @@ class MedusaModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, base_model: str | None = None, medusa: str | None = None, device: str = "auto",
-                        dtype: str = "auto", tree: str | Tree = "auto",
+                        dtype: str = "auto", tree: str | Tree | DynamicTree = "auto",
                         log: Callable[[str], None] = _stderr) -> "MedusaModel":
         """Base and heads as `resolve_sources` finds them, in the dtype and tree that are fastest here.
 
         `dtype`: auto | bf16 | fp16 | fp32. `tree`: auto (chosen from the heads' measured accuracy and this
         machine's calibrated step costs; plain decoding when no tree is expected to pay), heads (the tree
-        saved with the heads), a name from medusa_choices, a JSON file, or a list of rank paths.
+        saved with the heads), a name from medusa_choices, a JSON file, a list of rank paths, or a DynamicTree
+        (`dynamic[:N]`: N nodes chosen at every step from the heads' probabilities).
         `log` receives the one-line notices (which heads, calibration, the choice).
         """
         torch_device = resolve_device(device)
@@ -184,7 +189,8 @@ class MedusaModel(nn.Module):
             config = json.loads(config_path.read_text())
             fields = self.medusa_head.config.to_dict()
             fields.pop("base_model_name_or_path", None)
-            config.update(fields, medusa_choices=self.tree or fields.get("medusa_choices"))
+            tree = str(self.tree) if isinstance(self.tree, DynamicTree) else self.tree
+            config.update(fields, medusa_choices=tree or fields.get("medusa_choices"))
             config_path.write_text(json.dumps(config, indent=2) + "\n")
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
@@ -196,7 +202,7 @@ class MedusaModel(nn.Module):
         return eos_ids(self.base_model.generation_config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None))
 
     def decode(self, request: DecodeRequest, acceptance: Acceptance | None = None,
-               stats: DecodeStats | None = None, tree: Tree | None = None) -> Iterator[list[int]]:
+               stats: DecodeStats | None = None, tree: Tree | DynamicTree | None = None) -> Iterator[list[int]]:
         """Each step's new ids: Medusa with `tree` (default: the chosen one), or plain decoding where none was."""
         tree = tree or self.tree
         if tree is None:

@@ -14,7 +14,7 @@ Acceptance rules:
 - typical: Medusa's typical acceptance (posterior_threshold, posterior_alpha); faster, lossy.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +22,12 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from inference.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
+from inference.dynamic_tree import Draft, draft_dynamic_tree
 from inference.kv_cache import KVBuffer
 from inference.npu_attention import NPU_ATTENTION
 from inference.sampling import Sampling, choose_tokens, probabilities
 from inference.tree_buffers import TreeBuffers, TreeMask, build_tree_buffers
-from medusa_choices import Tree
+from medusa_choices import DynamicTree, Tree
 
 ACCEPTANCE_RULES = ("greedy", "sample", "typical")
 
@@ -73,10 +74,12 @@ class MedusaDecoder:
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
-        # Heads that read tokens can only run once the base model has chosen token t+1 (after verification);
-        # heads with a draft vocabulary run after it too, through their own small projection.
-        self._heads_in_verification_pass = not (heads.own_lm_head or heads.reads_tokens
-                                                or heads.draft_vocab is not None)
+        self._heads_in_verification_pass = not heads.propose_after_verification
+
+    def _depth(self, tree: DynamicTree) -> int:
+        """Levels of a dynamic tree: one per head, as many as its candidates allow."""
+        tree.checked(self.heads.num_heads)
+        return self.heads.num_heads
 
     def tree_buffers(self, tree: Tree) -> TreeBuffers:
         key = (tuple(map(tuple, tree)), str(self.base_model.device))
@@ -122,46 +125,70 @@ class MedusaDecoder:
             tokens = torch.cat([tokens, candidates.flatten()[level.select]])
         return tokens
 
-    def _verify_logits(self, node_hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _verify_logits(self, node_hidden: torch.Tensor, depth: int,
+                       with_heads: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(base logits [T, V], heads' logits [depth, T, V] or None).
 
         Plain shared-lm_head heads run on every tree node and their states go through the SAME lm_head
         call as the verification rows: one pass over the vocabulary matrix per step instead of two (it is
-        memory-bound, so the extra rows are nearly free). Other heads run after acceptance.
+        memory-bound, so the extra rows are nearly free). Other heads, and dynamic trees, run after acceptance.
         """
         lm_head = self.base_model.lm_head
-        if not self._heads_in_verification_pass:
+        if not with_heads:
             return lm_head(node_hidden), None
         size = node_hidden.shape[0]
         states = self.heads.states(node_hidden, depth).reshape(depth * size, -1).to(node_hidden.dtype)
         logits = lm_head(torch.cat([node_hidden, states]))
         return logits[:size], logits[size:].view(depth, size, -1)
 
+    def drafter(self, tree: Tree | DynamicTree) -> tuple[int, int, torch.Tensor, bool, Callable[..., Draft]]:
+        """(tokens per step, depth, the first step's tree mask, whether the heads run in the verification pass,
+        draft(root [1], hidden [1, H] of the position whose next token is root, or that position's head logits
+        [depth, V] when the heads ran in the verification pass) -> Draft)."""
+        proposal_lm_head = self.proposal_lm_head()
+        if isinstance(tree, DynamicTree):
+            depth = self._depth(tree)
+
+            def draft_dynamic(root, hidden=None, head_logits=None):
+                return draft_dynamic_tree(self.heads, self._embeddings, proposal_lm_head, hidden, root, tree, depth)
+
+            eye = torch.eye(tree.nodes + 1, dtype=torch.bool, device=self.base_model.device)
+            return tree.nodes + 1, depth, eye, False, draft_dynamic
+        buffers = self.tree_buffers(tree)
+
+        def draft_static(root, hidden=None, head_logits=None):
+            if head_logits is None:
+                tokens = self._draft(hidden, root, buffers, proposal_lm_head)
+            else:
+                tokens = self._tree_tokens(root, head_logits, buffers)
+            return Draft(tokens, buffers.position_offsets, buffers.retrieve_indices, None)
+
+        return buffers.size, buffers.depth, buffers.tree_mask, self._heads_in_verification_pass, draft_static
+
     @torch.inference_mode()
     def decode(
-        self, request: DecodeRequest, tree: Tree, acceptance: Acceptance = Acceptance(),
+        self, request: DecodeRequest, tree: Tree | DynamicTree, acceptance: Acceptance = Acceptance(),
         stats: DecodeStats | None = None,
     ) -> Iterator[list[int]]:
         """Yield each step's accepted tokens (1 to depth+1 of them) until EOS or max_new_tokens."""
         stats = stats if stats is not None else DecodeStats()
         model, lm_head = self.base_model, self.base_model.lm_head
         check_request(request, getattr(model.config, "max_position_embeddings", None))
-        buffers = self.tree_buffers(tree)
+        size, depth, tree_mask, heads_in_verification, draft = self.drafter(tree)
         device, dtype = model.device, model.dtype
-        capacity = len(request.input_ids) + request.max_new_tokens + buffers.size
+        capacity = len(request.input_ids) + request.max_new_tokens + size
         cache = KVBuffer(model.config, capacity, device, dtype)
-        mask = TreeMask(buffers, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
+        mask = TreeMask(tree_mask, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
         generator = request.generator(device)
         sampling = request.sampling
         emitter = StepEmitter(request, stats)
         pad = torch.full((1,), -1, dtype=torch.long, device=device)
-        proposal_lm_head = self.proposal_lm_head()
 
         # Prefill: lm_head and heads only on the last position.
         prompt = torch.tensor([request.input_ids], device=device)
         hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
         root = choose_tokens(lm_head(hidden), sampling, generator)
-        tree_tokens = self._draft(hidden, root, buffers, proposal_lm_head)
+        step = draft(root, hidden)
         first = emitter.emit(root.tolist())
         yield first
         if emitter.done:
@@ -169,28 +196,28 @@ class MedusaDecoder:
 
         while True:
             start = cache.length
+            if step.tree_mask is not None:
+                mask.set_tree(step.tree_mask)
             out = model.model(
-                input_ids=tree_tokens.unsqueeze(0),
+                input_ids=step.tokens.unsqueeze(0),
                 cache=cache,
                 use_cache=True,
-                position_ids=buffers.position_offsets + start,
+                position_ids=step.position_offsets + start,
                 attention_mask=mask.for_length(start),
             )
             node_hidden = out.last_hidden_state[0]  # [T, H]
-            node_logits, all_head_logits = self._verify_logits(node_hidden, buffers.depth)
+            node_logits, all_head_logits = self._verify_logits(node_hidden, depth, heads_in_verification)
             predictions = torch.cat([choose_tokens(node_logits, sampling, generator), pad])  # [T+1], -1 = padding
-            candidates = torch.cat([tree_tokens, pad])[buffers.retrieve_indices]  # [P, depth+1]
-            accepted = _accept_lengths(
-                candidates, node_logits, predictions, buffers.retrieve_indices, sampling, acceptance
-            )
+            candidates = torch.cat([step.tokens, pad])[step.paths]  # [P, depth+1]
+            accepted = _accept_lengths(candidates, node_logits, predictions, step.paths, sampling, acceptance)
             # Everything below indexes with device tensors or with host ints from the one transfer, and
             # every shape is fixed by the tree: no hidden synchronisation, nothing that depends on `count`.
             best = accepted.argmax(dim=0, keepdim=True)  # [1]
             count = accepted.index_select(0, best)  # [1]
-            path = buffers.retrieve_indices.index_select(0, best)[0]  # [depth+1], -1 padded
+            path = step.paths.index_select(0, best)[0]  # [depth+1], -1 padded
             # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
             packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]]).tolist()
-            accepted_count, depth = packed[0], buffers.depth
+            accepted_count = packed[0]
             tokens = emitter.emit(packed[1 : 1 + accepted_count] + [packed[1 + depth + accepted_count]])
             yield tokens
             if emitter.done:
@@ -199,6 +226,6 @@ class MedusaDecoder:
             node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
             root = predictions.index_select(0, node)
             if all_head_logits is None:
-                tree_tokens = self._draft(node_hidden.index_select(0, node), root, buffers, proposal_lm_head)
+                step = draft(root, node_hidden.index_select(0, node))
             else:
-                tree_tokens = self._tree_tokens(root, all_head_logits.index_select(1, node)[:, 0], buffers)
+                step = draft(root, head_logits=all_head_logits.index_select(1, node)[:, 0])

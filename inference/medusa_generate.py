@@ -14,7 +14,7 @@ import sys
 from inference.cli import Session, base_parser, run_cli
 from inference.errors import UserError
 from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
-from medusa_choices import NAMED_TREES
+from medusa_choices import NAMED_TREES, DynamicTree
 from medusa_model import MedusaModel
 
 
@@ -27,7 +27,8 @@ def build_parser():
     medusa.add_argument("--medusa_choices", default="auto",
                         help="tree: auto (the fastest here, from the heads' measured accuracy and this machine's "
                         "calibrated step costs; plain decoding if no tree pays), heads (the tree saved with the "
-                        f"heads), one of {', '.join(NAMED_TREES)}, or a JSON file from train/medusa_tree_builder.py")
+                        f"heads), one of {', '.join(NAMED_TREES)}, a JSON file from train/medusa_tree_builder.py, or "
+                        "dynamic[:N]: N nodes (default 16) chosen at every step from the heads' probabilities")
     medusa.add_argument("--acceptance", choices=ACCEPTANCE_RULES,
                         help="greedy (exact), sample (lossless sampling), typical (lossy); default: greedy when "
                         "--temperature is 0, else sample")
@@ -50,8 +51,11 @@ def make_session(args, device, dtype) -> Session:
     runtime = medusa.runtime
     print(f"Runtime: {runtime.reason}", file=sys.stderr)
     if medusa.tree is not None:
-        print(f"Tree: {runtime.tree_tokens} tokens per step, depth {max(map(len, medusa.tree))}, acceptance {rule}",
-              file=sys.stderr)
+        if isinstance(medusa.tree, DynamicTree):
+            shape = f"chosen every step, up to {medusa.medusa_head.num_heads} deep"
+        else:
+            shape = f"depth {max(map(len, medusa.tree))}"
+        print(f"Tree: {runtime.tree_tokens} tokens per step, {shape}, acceptance {rule}", file=sys.stderr)
 
     def decode(request, stats):
         return medusa.decode(request, acceptance, stats)

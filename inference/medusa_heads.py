@@ -153,6 +153,13 @@ class MedusaHeads(nn.ModuleList):
     def num_heads(self) -> int:
         return len(self)
 
+    @property
+    def propose_after_verification(self) -> bool:
+        """Whether proposals run after a step's verification: heads that read token t+1 need the base model's
+        choice of it, and own or draft-vocabulary projections are not the verification's lm_head. Only plain
+        shared-lm_head heads can ride along in the verification's lm_head pass."""
+        return self.own_lm_head or self.reads_tokens or self.draft_vocab is not None
+
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None,
                 token_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [num_heads, *hidden.shape[:-1], vocab] of the first `num_heads` heads.

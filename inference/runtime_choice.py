@@ -10,7 +10,7 @@ Medusa falls back to plain decoding, never a silent slowdown.
 from dataclasses import dataclass
 
 from inference.calibration import StepProfile
-from medusa_choices import Tree, best_tree, expected_accepted
+from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
 
 # A tree must be expected to beat plain decoding by this much before it is used. The estimate takes heads to
 # be right independently and times steps at a fixed context: for the demo heads on MT-Bench prompts it
@@ -22,7 +22,7 @@ MIN_EXPECTED_SPEEDUP = 1.2
 @dataclass(frozen=True)
 class RuntimeChoice:
     dtype: str  # Medusa's dtype, or plain decoding's when falling back
-    tree: Tree | None  # None: plain decoding is expected to be faster here, so it is used instead
+    tree: Tree | DynamicTree | None  # None: plain decoding is expected to be faster here, so it is used instead
     plain_dtype: str  # plain decoding's fastest dtype (or the forced one)
     reason: str
     expected_tokens_per_step: float | None = None
@@ -50,12 +50,15 @@ def fastest_plain_dtype(profile: StepProfile, dtypes: list[str] | None = None) -
 
 
 def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[float]] | None,
-                   dtype: str | None = None, tree: Tree | None = None) -> RuntimeChoice:
+                   dtype: str | None = None, tree: Tree | DynamicTree | None = None,
+                   dynamic: bool = False) -> RuntimeChoice:
     """The fastest (dtype, tree) for this profile, or plain decoding when nothing is expected to beat it.
 
     `dtype` forces the dtype (plain decoding is then compared in the same dtype); `tree` fixes the tree.
     Without `accuracy` the gain cannot be estimated: the fixed tree is used in the dtype where its step
-    is fastest.
+    is fastest. `dynamic`: the chosen size is verified as a `DynamicTree` (for heads that propose after
+    verification anyway, where it costs what a fixed tree does and accepts more; the fixed tree's estimate
+    is then a floor).
     """
     dtypes = [dtype] if dtype else sorted(profile.plain_ms)
     plain_dtype = fastest_plain_dtype(profile, dtypes)
@@ -69,7 +72,9 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                              "the heads record no accuracy (train/medusa_tree_builder.py --save_in_heads), "
                              "so the gain over plain decoding is not estimated")
     accuracy = accuracy[:num_heads]
-    if tree is not None:
+    if isinstance(tree, DynamicTree):  # chosen per step, so expected to do at least as well as the best fixed one
+        trees = [(tree, best_tree(accuracy, tree.nodes)[1])]
+    elif tree is not None:
         trees = [(tree, expected_accepted(tree, accuracy))]
     else:
         budgets = sorted({tokens - 1 for sizes in profile.step_ms.values() for tokens in sizes if tokens > 1})
@@ -85,7 +90,12 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                              f"plain decoding in {plain_dtype}: the best tree here ({len(best_nodes) + 1} tokens in "
                              f"{best_dtype}) is expected at only {speedup:.2f}x ({estimate})",
                              1.0, 1.0)
+    kind = "tree"
+    if dynamic and tree is None and len(best_nodes) <= DynamicTree().candidates(num_heads):
+        best_nodes, kind, estimate = DynamicTree(len(best_nodes)), "dynamic tree", f"at least {estimate}"
+    elif isinstance(best_nodes, DynamicTree):
+        kind = "dynamic tree"
     return RuntimeChoice(best_dtype, best_nodes, plain_dtype,
-                         f"{best_dtype}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token tree: "
+                         f"{best_dtype}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token {kind}: "
                          f"expected {speedup:.2f}x ({estimate})",
                          round(1 + expected, 4), round(speedup, 4))

@@ -95,19 +95,23 @@ class TreeMask:
     fused-attention adapter inverts for its kernel.
     """
 
-    def __init__(self, buffers: TreeBuffers, capacity: int, dtype: torch.dtype, additive: bool = True):
-        size = buffers.size
-        device = buffers.tree_mask.device
+    def __init__(self, tree_mask: torch.Tensor, capacity: int, dtype: torch.dtype, additive: bool = True):
+        size = tree_mask.shape[0]
         self.capacity = capacity
-        hidden = ~buffers.tree_mask
+        self.additive = additive
         if additive:
-            self.buffer = torch.zeros((1, 1, size, capacity + size), dtype=dtype, device=device)
-            self.buffer[0, 0, :, capacity:] = torch.zeros(size, size, dtype=dtype, device=device).masked_fill(
-                hidden, torch.finfo(dtype).min
-            )
+            self.buffer = torch.zeros((1, 1, size, capacity + size), dtype=dtype, device=tree_mask.device)
         else:
-            self.buffer = torch.ones((1, 1, size, capacity + size), dtype=torch.bool, device=device)
-            self.buffer[0, 0, :, capacity:] = buffers.tree_mask
+            self.buffer = torch.ones((1, 1, size, capacity + size), dtype=torch.bool, device=tree_mask.device)
+        self.set_tree(tree_mask)
+
+    def set_tree(self, tree_mask: torch.Tensor) -> None:
+        """Write the tree block [T, T] (bool, True = may attend) in place: trees chosen per step change it."""
+        block = self.buffer[0, 0, :, self.capacity :]
+        if self.additive:
+            block.copy_(torch.zeros_like(block).masked_fill(~tree_mask, torch.finfo(block.dtype).min))
+        else:
+            block.copy_(tree_mask)
 
     def for_length(self, length: int) -> torch.Tensor:
         return self.buffer[..., self.capacity - length :]

@@ -50,23 +50,28 @@ def _hidden_states(model, sequence: list[int]) -> torch.Tensor:
 
 
 def fit_heads(model, prompts: list[list[int]], max_new_tokens: int, num_heads: int = 4, steps: int = 300,
-              seed: int = 0) -> MedusaHeads:
-    """Train own-lm_head heads on the model's greedy continuations: head i at position t -> token t+2+i."""
+              seed: int = 0, head_input: str = "hidden") -> MedusaHeads:
+    """Train own-lm_head heads on the model's greedy continuations: head i at position t -> token t+2+i (heads
+    that read tokens after t get the true ones)."""
     torch.manual_seed(seed)
     c = model.config
-    heads = MedusaHeads(MedusaConfig(num_heads, 1, "own_lm_head", c.hidden_size, c.vocab_size), c.hidden_size, c.vocab_size)
+    config = MedusaConfig(num_heads, 1, "own_lm_head", c.hidden_size, c.vocab_size, medusa_head_input=head_input)
+    heads = MedusaHeads(config, c.hidden_size, c.vocab_size)
     heads.init_from_lm_head(model.lm_head)
-    inputs, targets = [], []
+    inputs, targets, following = [], [], []
     for prompt in prompts:
         sequence = prompt + plain_greedy(model, prompt, max_new_tokens)
         hidden = _hidden_states(model, sequence)
         for t in range(len(prompt) - 1, len(sequence) - 2):
             inputs.append(hidden[t])
             targets.append([sequence[t + 2 + i] if t + 2 + i < len(sequence) else -100 for i in range(num_heads)])
+            following.append([sequence[t + 1 + i] if t + 1 + i < len(sequence) else 0 for i in range(num_heads)])
     x, y = torch.stack(inputs), torch.tensor(targets)
+    with torch.no_grad():
+        embeds = heads.token_embeds(model.get_input_embeddings(), torch.tensor(following))
     optimizer = torch.optim.Adam(heads.parameters(), lr=3e-3)
     for _ in range(steps):
-        logits = heads(x, model.lm_head)  # [heads, N, V]
+        logits = heads(x, model.lm_head, token_embeds=embeds)  # [heads, N, V]
         loss = sum(torch.nn.functional.cross_entropy(logits[i], y[:, i], ignore_index=-100) for i in range(num_heads))
         optimizer.zero_grad()
         loss.backward()

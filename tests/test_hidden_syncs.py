@@ -36,15 +36,18 @@ def test_the_profiler_sees_a_hidden_sync():
 
 
 @pytest.mark.parametrize("rule,sampling", [("greedy", Sampling()), ("sample", SAMPLED), ("typical", SAMPLED)])
-@pytest.mark.parametrize("head_input,draft", [("hidden", False), ("hidden_and_next_token", False),
-                                              ("hidden_and_next_token", True), ("hidden_and_path", True)])
-def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input, draft):
+@pytest.mark.parametrize("head_input,draft,tree", [("hidden", False, "mc_sim_7b_63"),
+                                                   ("hidden_and_next_token", False, "mc_sim_7b_63"),
+                                                   ("hidden_and_next_token", True, "mc_sim_7b_63"),
+                                                   ("hidden_and_path", True, "mc_sim_7b_63"),
+                                                   ("hidden_and_path", True, "dynamic:16")])
+def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input, draft, tree):
     model = tiny_pangu[1]
     draft_vocab = upper_half_vocab(model) if draft else None
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input, draft_vocab=draft_vocab))
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     request = DecodeRequest(prompt, 40, (), sampling, seed=0)
-    syncs, steps = hidden_syncs_after_prefill(decoder.decode(request, load_tree("mc_sim_7b_63"), Acceptance(rule)))
+    syncs, steps = hidden_syncs_after_prefill(decoder.decode(request, load_tree(tree), Acceptance(rule)))
     assert steps > 5 and syncs == 0
 
 

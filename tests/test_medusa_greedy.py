@@ -11,10 +11,12 @@ from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, ran
 from medusa_model import MedusaModel, load_heads
 
 TREES = ["mc_sim_7b_63", "chain_4", "tree_16"]
+ANY_TREES = TREES + ["dynamic:16"]  # with the trees chosen at every step from the heads' probabilities
 NEW_TOKENS = 128
-# Tokens per step of the fitted heads: 4.85 / 4.59 / 3.89 measured; heads fed the root's hidden state instead
-# of the last accepted node's reach only 3.56 / 3.45 / 2.84, so these bounds catch that.
-MIN_TOKENS_PER_STEP = {"mc_sim_7b_63": 4.4, "chain_4": 4.1, "tree_16": 3.5}
+# Tokens per step of the fitted heads: 4.85 / 4.59 / 3.89 measured, 4.90 with a dynamic 16-node tree; heads fed
+# the root's hidden state instead of the last accepted node's reach only 3.56 / 3.45 / 2.84, so these bounds
+# catch that, and the dynamic bound that its 16 nodes are spent better than the fixed tree_16's.
+MIN_TOKENS_PER_STEP = {"mc_sim_7b_63": 4.4, "chain_4": 4.1, "tree_16": 3.5, "dynamic:16": 4.4}
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +44,14 @@ def test_plain_decoding_matches_hf_generate(tiny):
 
 
 @pytest.mark.parametrize("head_input", ["hidden", "hidden_and_next_token", "hidden_and_path"])
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", ANY_TREES)
 def test_tiny_pangu_random_heads_equal_hf_greedy(tiny, tree, head_input):
     model, prompts, references = tiny
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     assert [medusa_ids(decoder, p, tree) for p in prompts] == references
 
 
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree", ANY_TREES)
 def test_tiny_pangu_fitted_heads_accept_several_tokens_and_equal_hf_greedy(tiny, tiny_fitted_heads, tree):
     model, prompts, references = tiny
     decoder = MedusaDecoder(model, tiny_fitted_heads)

@@ -180,7 +180,7 @@ def test_tree_buffers_describe_the_tree():
     assert buffers.position_offsets.tolist() == [[0, 1, 1, 2, 2]]
     assert sorted(map(tuple, buffers.retrieve_indices.tolist())) == [(0, 1, 3), (0, 1, 4), (0, 2, -1)]
     assert buffers.tree_mask[4].tolist() == [True, True, False, False, True]
-    mask = TreeMask(buffers, capacity=10, dtype=torch.float32).for_length(3)
+    mask = TreeMask(buffers.tree_mask, capacity=10, dtype=torch.float32).for_length(3)
     assert mask.shape == (1, 1, 5, 8)
     assert (mask[0, 0, :, :3] == 0).all()
     assert mask[0, 0, 4, 3:].tolist() == [0, 0, torch.finfo(torch.float32).min, torch.finfo(torch.float32).min, 0]

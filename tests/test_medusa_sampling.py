@@ -4,13 +4,14 @@ import itertools
 import math
 from collections import Counter
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.medusa_decoding import Acceptance, MedusaDecoder
 from inference.sampling import Sampling, probabilities
-from medusa_choices import load_tree
+from medusa_choices import DynamicTree, load_tree
 from medusa_helpers import random_heads
 
 VOCAB, LENGTH, SAMPLES = 6, 3, 3000
@@ -55,13 +56,14 @@ def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) ->
     return stat, critical
 
 
-def test_sampled_continuations_match_plain_sampling_distribution():
+# Two of the six tokens at the first level: a root draw is often not among the proposals, so steps that accept
+# nothing, second steps and the KV keep after a sampled step all happen. The dynamic tree is chosen per step.
+@pytest.mark.parametrize("tree,head_input", [([[0], [1], [0, 0]], "hidden"),
+                                             (DynamicTree(nodes=3, top_k=2, expand=1), "hidden_and_path")])
+def test_sampled_continuations_match_plain_sampling_distribution(tree, head_input):
     model = tiny_vocab_model()
     expected = exact_distribution(model)
-    decoder = MedusaDecoder(model, random_heads(model, num_heads=2, std=0.5))
-    # Two of the six tokens at the first level: a root draw is often not among the proposals, so steps that
-    # accept nothing, second steps and the KV keep after a sampled step all happen.
-    tree = [[0], [1], [0, 0]]
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=2, std=0.5, head_input=head_input))
     counts, stats = Counter(), DecodeStats()
     for seed in range(SAMPLES):
         request = DecodeRequest(PROMPT, LENGTH, (), SAMPLING, seed=seed)

@@ -6,7 +6,7 @@ import pytest
 
 from inference.calibration import StepProfile
 from inference.runtime_choice import MIN_EXPECTED_SPEEDUP, choose_runtime
-from medusa_choices import best_tree, expected_accepted, load_tree, validate_tree
+from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
 SIZES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
@@ -69,6 +69,21 @@ def test_a_given_tree_is_kept_and_its_gain_estimated():
     choice = choose_runtime(AVX2, 3, demo_accuracy(), tree=tree)
     assert choice.tree == tree and choice.dtype == "fp32"  # its 13-token step: 111 ms in fp32, 238 in bf16
     assert choice.expected_tokens_per_step == pytest.approx(1 + expected_accepted(tree, demo_accuracy()), abs=1e-4)
+
+
+def test_heads_that_propose_after_verification_get_a_dynamic_tree_of_the_size_chosen():
+    fixed = choose_runtime(NATIVE_BF16, 3, demo_accuracy())
+    dynamic = choose_runtime(NATIVE_BF16, 3, demo_accuracy(), dynamic=True)
+    assert dynamic.tree == DynamicTree(len(fixed.tree)) and dynamic.dtype == fixed.dtype
+    assert dynamic.expected_tokens_per_step == fixed.expected_tokens_per_step  # the fixed tree's: a floor
+    assert f"{fixed.tree_tokens}-token dynamic tree" in dynamic.reason
+    assert choose_runtime(AVX2, 3, demo_accuracy(), dynamic=True).tree is None  # plain still wins there
+
+
+def test_a_given_dynamic_tree_is_estimated_as_the_best_fixed_tree_of_its_size():
+    choice = choose_runtime(NATIVE_BF16, 3, demo_accuracy(), tree=DynamicTree(12))
+    assert choice.tree == DynamicTree(12) and choice.tree_tokens == 13
+    assert choice.expected_tokens_per_step == pytest.approx(1 + best_tree(demo_accuracy()[:3], 12)[1], abs=1e-4)
 
 
 def test_without_accuracy_the_given_tree_runs_in_the_dtype_of_its_fastest_step():

@@ -11,8 +11,10 @@ import torch
 from inference import medusa_generate
 from inference.errors import UserError
 from inference.loading import load_causal_lm
+from inference.decoding import DecodeRequest
+from inference.medusa_decoding import MedusaDecoder
 from medusa_choices import load_tree, validate_tree
-from medusa_helpers import random_heads
+from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
 from medusa_model import load_heads
 from train import draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
 from train import medusa_training
@@ -176,7 +178,12 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
                                      "--dtype", "fp32", "--context", "16", "--save_in_heads"]) == 0
     built = json.loads(tree_file.read_text())
     assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
-    assert json.loads((out / "config.json").read_text())["medusa_choices"] == built["tree"]
+    held_out = built["held_out_tokens_per_step"]
+    proposes_after_verification = head_input != "hidden" or "--draft_vocab_size" in options
+    assert set(held_out) == ({"tree", "dynamic"} if proposes_after_verification else {"tree"})
+    assert all(1 <= v <= 4 for v in held_out.values())
+    saved = f"dynamic:{built['budget']}" if held_out.get("dynamic", 0) > held_out["tree"] else built["tree"]
+    assert json.loads((out / "config.json").read_text())["medusa_choices"] == saved
 
 
 def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_each_target(distilled, tiny_pangu):
@@ -280,6 +287,22 @@ def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu)
         heads = random_heads(model, num_heads=2, draft_vocab=draft)
         accuracy = medusa_tree_builder.rank_accuracy(heads, model, hidden, targets, following_ids, top_k=3)
         assert [row[0] for row in accuracy] == [top1, top1]
+
+
+@pytest.mark.parametrize("tree", ["tree_16", "dynamic:16"])
+def test_held_out_acceptance_is_what_decoding_accepts_where_its_steps_start(tiny_pangu, tree):
+    model = tiny_pangu[1]
+    prompts = random_prompts(model.config.vocab_size, count=2)
+    decoder = MedusaDecoder(model, fit_heads(model, prompts, 48, num_heads=3, steps=100, head_input="hidden_and_path"))
+    for prompt in prompts:
+        answer = plain_greedy(model, prompt, 48)
+        hidden, targets, following_ids = cache_hidden_states(model, [{"prompt_ids": prompt, "output_ids": answer}],
+                                                             3, 2048)
+        drafted = medusa_tree_builder.drafted_acceptance(decoder, hidden, targets, following_ids, load_tree(tree))
+        steps = list(decoder.decode(DecodeRequest(prompt, 48), load_tree(tree)))[1:]  # after the prefill's token
+        starts = torch.tensor([0] + [len(s) for s in steps[:-2]]).cumsum(0)  # the row each step drafts from
+        assert drafted[starts].tolist() == [len(s) - 1 for s in steps[:-1]]  # the last one is cut at 48 tokens
+        assert max(len(s) for s in steps) > 2  # several candidates accepted in some steps
 
 
 def test_training_resumes_from_its_last_checkpoint(distilled, tmp_path, caplog):

@@ -3,7 +3,9 @@
 1. Accuracy: on held-out distillation data, how often head i's rank-r proposal is the right token.
 2. Trees: for each node budget, the tree maximising the expected accepted length, assuming heads are
    right independently (a node's value is the product of its path's accuracies; greedy best-first
-   expansion is optimal for that objective and keeps the tree prefix-closed).
+   expansion is optimal for that objective and keeps the tree prefix-closed). For the chosen size, the
+   tokens per step the fixed tree and a dynamic tree of as many nodes give on the held-out answers, drafted
+   as decoding drafts them, are reported too (no independence assumed).
 3. Hardware: the latency of a (budget+1)-token tree step on the device, against a 1-token forward; every
    size is timed once per round, in turn, so drift of a shared machine hits all sizes alike.
    The chosen budget maximises expected tokens per step divided by the step's cost.
@@ -20,7 +22,8 @@ import torch
 from inference.calibration import interleaved_ms, step_runner
 from inference.errors import run_command
 from inference.loading import load_base_from_args
-from medusa_choices import best_tree
+from inference.medusa_decoding import MedusaDecoder
+from medusa_choices import DynamicTree, Tree, best_tree
 from medusa_model import resolve_sources
 from inference.medusa_heads import heads_config_path, load_heads
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
@@ -42,7 +45,8 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--save_in_heads", action="store_true",
-                        help="also record the chosen tree (their default with --medusa_choices heads) and the "
+                        help="also record the chosen tree (their default with --medusa_choices heads: the fixed tree, "
+                        "or a dynamic one of as many nodes where that gave more held-out tokens per step) and the "
                         "per-head per-rank accuracy (what --medusa_choices auto chooses from) in the heads' config")
     return parser.parse_args(argv)
 
@@ -66,6 +70,24 @@ def rank_accuracy(heads, model, hidden: torch.Tensor, targets: torch.Tensor, fol
             hits[i] += (top[i][valid] == t[valid, i].unsqueeze(-1)).float().sum(0).cpu()
             counts[i] += valid.sum().cpu()
     return (hits / counts.clamp(min=1).unsqueeze(-1)).tolist()
+
+
+@torch.no_grad()
+def drafted_acceptance(decoder: MedusaDecoder, hidden: torch.Tensor, targets: torch.Tensor,
+                       following_ids: torch.Tensor, tree: Tree | DynamicTree, progress=None) -> torch.Tensor:
+    """Per held-out position, the candidates a step drafted there accepts: the deepest node of the tree,
+    drafted as decoding drafts it, whose path equals the base model's next tokens (its greedy answer)."""
+    _, depth, _, _, draft = decoder.drafter(tree)
+    device = next(decoder.heads.parameters()).device
+    pad = torch.full((1,), -1, dtype=torch.long, device=device)
+    accepted = []
+    for h, t, f in zip(hidden, targets, following_ids):
+        step = draft(f[:1].to(device), h.unsqueeze(0).to(device, decoder.base_model.dtype))
+        candidates = torch.cat([step.tokens, pad])[step.paths][:, 1:]  # [P, depth]; pad and IGNORE match nothing
+        accepted.append((candidates == t[:depth].to(device)).int().cumprod(dim=1).sum(dim=1).max())
+        if progress is not None:
+            progress.update()
+    return torch.stack(accepted).cpu()
 
 
 def main(argv=None) -> int:
@@ -98,15 +120,29 @@ def main(argv=None) -> int:
                                "step_ms": round(step_ms[budget], 3),
                                "expected_speedup": round((1 + expected) * plain_ms / step_ms[budget], 4), "tree": tree})
         best = max(candidates, key=lambda c: c["expected_speedup"])
+        decoder = MedusaDecoder(model, heads)
+        drafted = {"tree": best["tree"]}
+        # heads sharing the verification's lm_head pass would pay a second one for a dynamic tree
+        if heads.propose_after_verification and best["budget"] <= DynamicTree().candidates(heads.num_heads):
+            drafted["dynamic"] = DynamicTree(best["budget"])
+        with tqdm(total=len(hidden) * len(drafted), desc="drafting held-out steps", unit="step",
+                  file=sys.stderr) as progress:
+            held_out_tokens = {name: round(1 + drafted_acceptance(decoder, hidden, targets, following_ids, tree,
+                                                                  progress).float().mean().item(), 4)
+                               for name, tree in drafted.items()}
         print(f"{'nodes':>5} {'E[tokens/step]':>14} {'step ms':>8} {'E[speedup]':>10}   (plain token {plain_ms:.2f} ms)")
         for c in candidates:
             mark = "  <- chosen" if c is best else ""
             print(f"{c['budget']:>5} {c['expected_tokens_per_step']:>14.3f} {c['step_ms']:>8.2f} {c['expected_speedup']:>9.3f}x{mark}")
         for i, row in enumerate(accuracy):
             print(f"head {i}: top-1 {row[0]:.3f}  top-{args.top_k} {sum(row):.3f}", file=sys.stderr)
+        print(f"held-out tokens per step, drafted as decoding drafts: {best['budget']}-node tree "
+              f"{held_out_tokens['tree']:.3f}" + (f", dynamic {best['budget']}-node tree {held_out_tokens['dynamic']:.3f}"
+                                                  if "dynamic" in held_out_tokens else ""), file=sys.stderr)
         result = {**best, "plain_token_ms": round(plain_ms, 3), "device": str(device),
                   "dtype": str(model.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
                   "head_rank_accuracy": [[round(a, 4) for a in row] for row in accuracy],
+                  "held_out_tokens_per_step": held_out_tokens,
                   "candidates": [{k: v for k, v in c.items() if k != "tree"} for c in candidates]}
         with open(args.out, "w") as file:
             json.dump(result, file)
@@ -114,9 +150,12 @@ def main(argv=None) -> int:
         if args.save_in_heads:
             config_path = heads_config_path(heads_dir)
             config = json.loads(config_path.read_text())
-            config["medusa_choices"] = best["tree"]
+            dynamic_better = held_out_tokens.get("dynamic", 0.0) > held_out_tokens["tree"]
+            config["medusa_choices"] = str(drafted["dynamic"]) if dynamic_better else best["tree"]
             config["medusa_head_accuracy"] = result["head_rank_accuracy"]
             config_path.write_text(json.dumps(config, indent=2) + "\n")
+            print(f"recorded in {config_path}: the {'dynamic' if dynamic_better else 'fixed'} {best['budget']}-node tree",
+                  file=sys.stderr)
         print(f"tree of {best['budget']} nodes written to {args.out} "
               f"(expected {best['expected_tokens_per_step']:.2f} tokens per step)", file=sys.stderr)
 

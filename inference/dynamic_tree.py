@@ -1,0 +1,84 @@
+"""Drafting a `DynamicTree`: the step's tree chosen from the heads' probabilities, on the device.
+
+Level d (1-based) scores `top_k` children for each of the `expand` most likely nodes of level d-1 (the root
+alone at level 1) with head d-1, which reads each node's token path like any sequentially dependent head.
+A node's score is the log of the product of the probabilities on its path, less a hair per level so a
+child always scores below its parent: the `nodes` best-scoring candidates then always include their
+parents, so the chosen tree is prefix-closed without a search. Every shape is fixed by the tree's
+parameters, so drafting adds no device-to-host read.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from medusa_choices import DynamicTree
+
+# Subtracted per level from the log-score: keeps a child (probability 1.0 in float) strictly below its parent.
+_LEVEL_PENALTY = 1e-6
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's tree: node tokens (node 0 is the root), each node's depth, the root-to-node path of every
+    node (node ids, -1 padded: the candidate paths of the verification) and which nodes each may attend to."""
+
+    tokens: torch.Tensor  # [T]
+    position_offsets: torch.Tensor  # [1, T]
+    paths: torch.Tensor  # [P, depth+1]
+    tree_mask: torch.Tensor | None  # [T, T] bool; None: the static tree's, set once
+
+
+def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Root-to-node paths [T, depth+1] and the ancestor mask [T, T] of a tree given by each node's parent
+    (`parent[0]` = -1 for the root) and depth."""
+    size = parent.shape[0]
+    paths = torch.full((size, depth + 2), -1, dtype=torch.long, device=parent.device)  # last column: discarded
+    node = torch.arange(size, device=parent.device)
+    for _ in range(depth + 1):  # walk every node up to the root, writing each ancestor at its depth
+        valid = node >= 0
+        column = torch.where(valid, depth_of[node.clamp(min=0)], depth + 1)
+        paths.scatter_(1, column.unsqueeze(1), node.unsqueeze(1))
+        node = torch.where(valid, parent[node.clamp(min=0)], -1)
+    paths = paths[:, : depth + 1]
+    mask = torch.zeros((size, size + 1), dtype=torch.bool, device=parent.device)
+    mask.scatter_(1, torch.where(paths >= 0, paths, size), True)
+    return paths, mask[:, :size]
+
+
+def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
+                       root: torch.Tensor, tree: DynamicTree, depth: int) -> Draft:
+    """The `tree.nodes` most likely continuations of `root` [1] at the position whose hidden state is
+    `hidden` [1, H], drafted `depth` levels deep, as a `Draft` of `tree.nodes + 1` nodes."""
+    device = hidden.device
+    paths = root.view(1, 1)  # token paths (root first) of the nodes expanded at this level
+    path_scores = torch.zeros(1, device=device)
+    path_ids = torch.full((1,), -1, dtype=torch.long, device=device)  # their candidate ids (-1: the root)
+    tokens, scores, parents, depths = [], [], [], []
+    scored = 0
+    for level in range(depth):
+        expanded = paths.shape[0]
+        state = heads.head_state(level, hidden.expand(expanded, -1), embeddings(paths))
+        log_probs = heads.project(state, lm_head).float().log_softmax(-1)
+        top_log_probs, top_index = log_probs.topk(tree.top_k, dim=-1)  # [expanded, top_k]
+        level_tokens = heads.token_ids(top_index).flatten()
+        level_scores = (path_scores.unsqueeze(1) + top_log_probs - _LEVEL_PENALTY).flatten()
+        tokens.append(level_tokens)
+        scores.append(level_scores)
+        parents.append(path_ids.repeat_interleave(tree.top_k))
+        depths.append(torch.full_like(level_tokens, level + 1))
+        if level + 1 < depth:
+            keep = level_scores.topk(min(tree.expand, level_scores.shape[0])).indices
+            paths = torch.cat([paths.index_select(0, keep // tree.top_k), level_tokens[keep].unsqueeze(1)], dim=1)
+            path_scores, path_ids = level_scores[keep], scored + keep
+        scored += level_scores.shape[0]
+    # The best nodes, in candidate order: levels in turn, so every parent gets a smaller node id than its children.
+    chosen = torch.cat(scores).topk(tree.nodes).indices.sort().values
+    node_of = torch.zeros(scored + 1, dtype=torch.long, device=device)  # candidate id + 1 -> node id (0: root)
+    node_of[chosen + 1] = torch.arange(1, tree.nodes + 1, device=device)
+    minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
+    parent = torch.cat([minus_one, node_of[torch.cat(parents)[chosen] + 1]])
+    depth_of = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cat(depths)[chosen]])
+    node_paths, mask = _paths_and_mask(parent, depth_of, depth)
+    return Draft(torch.cat([root.view(1), torch.cat(tokens)[chosen]]), depth_of.unsqueeze(0), node_paths, mask)

@@ -1,0 +1,63 @@
+"""Dynamic trees: each step verifies the most likely of the heads' candidates, as a prefix-closed tree."""
+
+import pytest
+import torch
+
+from inference.dynamic_tree import draft_dynamic_tree
+from inference.medusa_decoding import MedusaDecoder
+from medusa_choices import DynamicTree, TreeError, load_tree
+from medusa_helpers import random_heads, upper_half_vocab
+
+
+def reference_candidates(heads, embeddings, lm_head, hidden, root: int, tree: DynamicTree, depth: int) -> dict:
+    """{token path (root first): log-probability of the path} of every candidate the heads score, node by node:
+    at each level the `expand` most likely nodes of the level above get their `top_k` most likely children."""
+    scores, frontier = {}, [((root,), 0.0)]
+    for level in range(depth):
+        children = []
+        for path, score in frontier:
+            read = embeddings(torch.tensor([list(path)]))
+            log_probs = heads.project(heads.head_state(level, hidden, read), lm_head)[0].float().log_softmax(-1)
+            top = log_probs.topk(tree.top_k)
+            for value, index in zip(top.values.tolist(), heads.token_ids(top.indices).tolist()):
+                children.append((path + (index,), score + value))
+        scores |= dict(children)
+        frontier = sorted(children, key=lambda c: -c[1])[: tree.expand]
+    return scores
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_dynamic_tree_verifies_the_most_likely_candidates_as_a_prefix_closed_tree(tiny_pangu, draft_vocab):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=3, std=0.3, head_input="hidden_and_path",
+                         draft_vocab=upper_half_vocab(model) if draft_vocab else None)
+    decoder = MedusaDecoder(model, heads)
+    tree = DynamicTree(nodes=12, top_k=4, expand=3)
+    embeddings, lm_head = model.get_input_embeddings(), decoder.proposal_lm_head()
+    for seed in range(4):
+        hidden = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            draft = draft_dynamic_tree(heads, embeddings, lm_head, hidden, torch.tensor([5]), tree, depth=3)
+            scores = reference_candidates(heads, embeddings, lm_head, hidden, 5, tree, depth=3)
+        tokens, paths, mask = draft.tokens.tolist(), draft.paths.tolist(), draft.tree_mask
+        node_paths = [tuple(tokens[n] for n in path if n >= 0) for path in paths]
+        assert len(tokens) == 13 and node_paths[0] == (5,)
+        assert set(node_paths[1:]) == set(sorted(scores, key=lambda p: -scores[p])[:12])
+        assert all(p[:-1] in node_paths for p in node_paths[1:])  # every node's parent is in the tree
+        assert draft.position_offsets[0].tolist() == [len(p) - 1 for p in node_paths]
+        for node, path in enumerate(paths):
+            assert mask[node].nonzero().flatten().tolist() == sorted(n for n in path if n >= 0)
+        depths = {len(p) for p in node_paths}
+        assert seed > 0 or depths == {1, 2, 3, 4}  # random heads spread their probability: some nodes are deep
+
+
+def test_dynamic_tree_names_and_limits():
+    assert load_tree("dynamic") == DynamicTree(16) and len(load_tree("dynamic:24")) == 24
+    assert str(load_tree("dynamic:8")) == "dynamic:8"
+    with pytest.raises(TreeError, match="dynamic:N"):
+        load_tree("dynamic:many")
+    with pytest.raises(TreeError, match="nodes >= 1"):
+        load_tree("dynamic:0")
+    with pytest.raises(TreeError, match="needs more candidates than 1 heads"):
+        load_tree("dynamic:9", num_heads=1)  # one head scores top_k = 8 candidates
+    assert load_tree("dynamic:8", num_heads=1).nodes == 8

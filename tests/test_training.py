@@ -179,8 +179,7 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     built = json.loads(tree_file.read_text())
     assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
     held_out = built["held_out_tokens_per_step"]
-    proposes_after_verification = head_input != "hidden" or "--draft_vocab_size" in options
-    assert set(held_out) == ({"tree", "dynamic"} if proposes_after_verification else {"tree"})
+    assert set(held_out) == ({"tree", "dynamic"} if heads.propose_after_verification else {"tree"})
     assert all(1 <= v <= 4 for v in held_out.values())
     saved = f"dynamic:{built['budget']}" if held_out.get("dynamic", 0) > held_out["tree"] else built["tree"]
     assert json.loads((out / "config.json").read_text())["medusa_choices"] == saved

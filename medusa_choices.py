@@ -108,8 +108,12 @@ class DynamicTree:
         """Nodes scored per step when drafting `depth` levels: top_k at level 1, expand * top_k below."""
         return self.top_k + (depth - 1) * self.expand * self.top_k
 
+    def fits(self, num_heads: int) -> bool:
+        """Whether `num_heads` heads score at least `nodes` candidates."""
+        return self.nodes <= self.candidates(num_heads)
+
     def checked(self, num_heads: int) -> "DynamicTree":
-        if self.nodes > self.candidates(num_heads):
+        if not self.fits(num_heads):
             raise TreeError(f"a dynamic tree of {self.nodes} nodes needs more candidates than {num_heads} heads "
                             f"score ({self.candidates(num_heads)} with top_k {self.top_k}, expand {self.expand})")
         return self

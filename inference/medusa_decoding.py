@@ -74,12 +74,6 @@ class MedusaDecoder:
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
-        self._heads_in_verification_pass = not heads.propose_after_verification
-
-    def _depth(self, tree: DynamicTree) -> int:
-        """Levels of a dynamic tree: one per head, as many as its candidates allow."""
-        tree.checked(self.heads.num_heads)
-        return self.heads.num_heads
 
     def tree_buffers(self, tree: Tree) -> TreeBuffers:
         key = (tuple(map(tuple, tree)), str(self.base_model.device))
@@ -147,7 +141,8 @@ class MedusaDecoder:
         [depth, V] when the heads ran in the verification pass) -> Draft)."""
         proposal_lm_head = self.proposal_lm_head()
         if isinstance(tree, DynamicTree):
-            depth = self._depth(tree)
+            tree.checked(self.heads.num_heads)
+            depth = self.heads.num_heads  # one level per head
 
             def draft_dynamic(root, hidden=None, head_logits=None):
                 return draft_dynamic_tree(self.heads, self._embeddings, proposal_lm_head, hidden, root, tree, depth)
@@ -163,7 +158,8 @@ class MedusaDecoder:
                 tokens = self._tree_tokens(root, head_logits, buffers)
             return Draft(tokens, buffers.position_offsets, buffers.retrieve_indices, None)
 
-        return buffers.size, buffers.depth, buffers.tree_mask, self._heads_in_verification_pass, draft_static
+        in_verification = not self.heads.propose_after_verification
+        return buffers.size, buffers.depth, buffers.tree_mask, in_verification, draft_static
 
     @torch.inference_mode()
     def decode(

@@ -91,7 +91,7 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                              f"{best_dtype}) is expected at only {speedup:.2f}x ({estimate})",
                              1.0, 1.0)
     kind = "tree"
-    if dynamic and tree is None and len(best_nodes) <= DynamicTree().candidates(num_heads):
+    if dynamic and tree is None and DynamicTree(len(best_nodes)).fits(num_heads):
         best_nodes, kind, estimate = DynamicTree(len(best_nodes)), "dynamic tree", f"at least {estimate}"
     elif isinstance(best_nodes, DynamicTree):
         kind = "dynamic tree"

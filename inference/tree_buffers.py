@@ -109,7 +109,7 @@ class TreeMask:
         """Write the tree block [T, T] (bool, True = may attend) in place: trees chosen per step change it."""
         block = self.buffer[0, 0, :, self.capacity :]
         if self.additive:
-            block.copy_(torch.zeros_like(block).masked_fill(~tree_mask, torch.finfo(block.dtype).min))
+            block.fill_(0).masked_fill_(~tree_mask, torch.finfo(block.dtype).min)
         else:
             block.copy_(tree_mask)
 

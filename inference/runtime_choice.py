@@ -57,8 +57,8 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
     `dtype` forces the dtype (plain decoding is then compared in the same dtype); `tree` fixes the tree.
     Without `accuracy` the gain cannot be estimated: the fixed tree is used in the dtype where its step
     is fastest. `dynamic`: the chosen size is verified as a `DynamicTree` (for heads that propose after
-    verification anyway, where it costs what a fixed tree does and accepts more; the fixed tree's estimate
-    is then a floor).
+    verification anyway; the profile timed dynamic steps for them, and the best fixed tree's token estimate
+    is a floor for a dynamic tree of the same size).
     """
     dtypes = [dtype] if dtype else sorted(profile.plain_ms)
     plain_dtype = fastest_plain_dtype(profile, dtypes)

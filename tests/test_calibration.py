@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from inference import calibration
+from medusa_choices import DynamicTree
 from medusa_helpers import random_heads
 
 
@@ -104,3 +105,25 @@ def test_a_dtype_whose_model_copy_does_not_fit_in_memory_is_not_timed(tiny_pangu
     assert any("not timing bf16" in line for line in notices)
     monkeypatch.setattr(calibration, "free_memory", lambda device: 10 * bf16_copy)
     assert set(calibration.step_profile(model, random_heads(model, num_heads=2), log=notices.append).plain_ms) == {"bf16", "fp32"}
+
+
+def test_calibration_times_the_kind_of_tree_auto_decodes_with(tiny_pangu, quick_calibration, monkeypatch):
+    """Heads that propose after verification decode with dynamic trees, whose level-by-level drafting costs more
+    than a fixed tree of the same size: timing a fixed tree for them overstated the speed-up."""
+    model = tiny_pangu[1]
+    timed = []
+    real = calibration.step_runner
+
+    def recording(model, calls, tree=None, heads=None, context=calibration.CONTEXT):
+        timed.append(tree)
+        return real(model, calls, tree, heads, context)
+
+    monkeypatch.setattr(calibration, "step_runner", recording)
+    calibration.step_profile(model, random_heads(model, num_heads=2, head_input="hidden_and_path"), ["fp32"],
+                             log=lambda line: None)
+    assert [tree for tree in timed if tree is not None] == [DynamicTree(1), DynamicTree(4)]
+    timed.clear()
+    calibration.step_profile(model, random_heads(model, num_heads=2), ["fp32"], log=lambda line: None)
+    trees = [tree for tree in timed if tree is not None]
+    assert [len(tree) for tree in trees] == [1, 4] and not any(isinstance(tree, DynamicTree) for tree in trees)
+    assert len(quick_calibration) == 2  # the two kinds are cached apart

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from inference.cpu_linear import free_host_memory, packing_supported
 from inference.demo_model import cache_home
 from inference.devices import DTYPES, synchronize
 from inference.decoding import DecodeRequest
@@ -160,7 +161,7 @@ def model_in_dtype(model, dtype: torch.dtype):
 def free_memory(device: torch.device) -> int:
     """Bytes free on `device` (host memory for the CPU)."""
     if device.type == "cpu":
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return free_host_memory()
     return (torch.cuda if device.type == "cuda" else torch.npu).mem_get_info(device)[0]
 
 
@@ -205,6 +206,7 @@ def profile_key(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> dict
         "heads": None if h is None else [h.medusa_num_heads, h.medusa_num_layers, h.medusa_head_layout,
                                          h.medusa_head_input, h.medusa_draft_vocab_size],
         "trees": "dynamic" if heads is not None and heads.propose_after_verification else "fixed",
+        "cpu_bf16_linears": "packed" if model.device.type == "cpu" and packing_supported() else "aten",
         "dtypes": list(dtypes),
         "sizes": list(sizes),
         "context": CONTEXT,

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
+from inference.cpu_linear import use_packed_bf16_linears
 from inference.demo_model import DEMO_NAME, prepare_demo_model
 from inference.devices import parse_dtype, resolve_device, set_threads
 from inference.errors import UserError
@@ -92,6 +93,8 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype | N
         missing = sorted(info["missing_keys"])
         raise UserError(f"{directory} lacks {len(missing)} weight(s), e.g. {missing[:3]}: incomplete checkpoint")
     model = model.to(device).eval()
+    if device.type == "cpu":
+        use_packed_bf16_linears(model)
     if device.type == "npu":
         from inference.npu_attention import use_npu_attention
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from inference.cpu_linear import use_packed_bf16_linears
 from inference.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.dynamic_tree import Draft, draft_dynamic_tree
 from inference.kv_cache import KVBuffer
@@ -70,7 +71,7 @@ class MedusaDecoder:
 
     def __init__(self, base_model: PreTrainedModel, heads: nn.Module):
         self.base_model = base_model
-        self.heads = heads
+        self.heads = use_packed_bf16_linears(heads)
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
@@ -89,7 +90,7 @@ class MedusaDecoder:
         weight = self.base_model.lm_head.weight
         key = (str(weight.device), weight.dtype)
         if key not in self._proposal_lm_heads:  # only the current device's copy is kept
-            self._proposal_lm_heads = {key: self.heads.proposal_lm_head(self.base_model.lm_head)}
+            self._proposal_lm_heads = {key: use_packed_bf16_linears(self.heads.proposal_lm_head(self.base_model.lm_head))}
         return self._proposal_lm_heads[key]
 
     def _tree_tokens(self, root: torch.Tensor, head_logits: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:

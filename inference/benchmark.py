@@ -3,8 +3,9 @@
     python inference/benchmark.py --threads 2 --max_new_tokens 64,256 --runs 3 --out bench.json
 
 By default Medusa runs in the dtype and tree chosen for this machine (--dtype auto, --medusa_choices
-auto) and plain decoding in ITS fastest dtype, so the speed-up is over the best plain decoding here;
---dtype X runs both in X. Both use the same model weights, device, threads, max_new_tokens and stopping
+auto) and plain decoding in every dtype of the device whose model copy fits, all interleaved, and the
+speed-up is over the plain dtype that was fastest in this run; --dtype X runs both in X, --baseline_dtype X
+the plain side in X. Both use the same model weights, device, threads, max_new_tokens and stopping
 rule (EOS for both, or --ignore_eos for both), the same KV cache and the same forward; both are warmed
 up, timed with device synchronisation, repeated --runs times (interleaved) and reported as medians.
 Tokens are counted from ids, each side's own. Greedy outputs are compared token for token (identical
@@ -24,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from inference.calibration import hardware_description, model_in_dtype
+from inference.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
 from inference.chat import prompt_ids, read_prompts
 from inference.decoding import DecodeRequest, DecodeStats, eos_ids
-from inference.devices import DTYPES, resolve_device, set_threads, synchronize
+from inference.devices import DTYPES, dtype_name, parse_dtype, resolve_device, set_threads, synchronize
 from inference.errors import UserError, run_command
 from inference.medusa_generate import load_medusa
 from inference.plain_decoding import plain_decode
@@ -51,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto: each side in its fastest dtype here; bf16 | fp16 | "
                         "fp32: both sides in that dtype")
+    parser.add_argument("--baseline_dtype", default="auto",
+                        help="plain decoding's dtype: auto (every dtype of the device that fits, the fastest in this run "
+                        "counts; --dtype's where that is given) or bf16 | fp16 | fp32")
     parser.add_argument("--threads", type=int, help="CPU threads (pin it: a busy second process skews timings)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
@@ -137,6 +141,9 @@ def print_table(results: dict, file=None) -> None:
     for r in results["by_length"]:
         line(str(r["max_new_tokens"]), r)
     line("all", results)
+    if len(config["plain_tokens_per_second"]) > 1:
+        rates = ", ".join(f"{name} {rate:.2f}" for name, rate in config["plain_tokens_per_second"].items())
+        print(f"plain tok/s by dtype: {rates} (the fastest is the baseline)", file=file)
     if len(results["by_category"]) > 1:
         print(f"\n{'category':>14} {'prompts':>7} {'speedup':>8} {'tau':>6}", file=file)
         for r in results["by_category"]:
@@ -164,6 +171,25 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
+def baseline_dtypes(args: argparse.Namespace, runtime, model) -> list[str]:
+    """The dtypes plain decoding is timed in: the one asked for (--baseline_dtype, or --dtype for both sides),
+    else every candidate dtype of the device whose copy of the model fits, so that the speed-up is over the
+    plain decoding measured fastest in this run, not over the calibration's pick (on a 2-core Xeon it timed
+    plain bf16 at 57.8 ms and fp32 at 59.2, and the benchmark then measured fp32 at 47 ms and bf16 at 57)."""
+    if args.baseline_dtype != "auto":
+        return [dtype_name(parse_dtype(args.baseline_dtype))]
+    if args.dtype != "auto":
+        return [runtime.plain_dtype]
+    candidates = [name for name in CANDIDATE_DTYPES[model.device.type] if copy_fits(model, name)]
+    return sorted(set(candidates) | {runtime.plain_dtype})
+
+
+def fastest_baseline(rows: list[dict]) -> str:
+    """The plain dtype with the highest rate over all rows (its own tokens over its own time)."""
+    return max(rows[0]["plain"], key=lambda d: sum(r["plain"][d]["tokens"] for r in rows)
+               / sum(r["plain"][d]["seconds"] for r in rows))
+
+
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
@@ -175,48 +201,56 @@ def run(args: argparse.Namespace) -> dict:
     medusa = load_medusa(args, device)
     runtime, tokenizer = medusa.runtime, medusa.tokenizer
     model = medusa.base_model
-    # The baseline is plain decoding at its own fastest dtype (or the forced one): a copy when that differs.
-    baseline_model = model_in_dtype(model, DTYPES[runtime.plain_dtype])
-    print(f"Medusa: {runtime.reason}; baseline: plain decoding in {runtime.plain_dtype}", file=sys.stderr)
+    # Plain decoding in each of its dtypes (a copy where that differs from Medusa's); the fastest is the baseline.
+    plain_models = {name: model_in_dtype(model, DTYPES[name]) for name in baseline_dtypes(args, runtime, model)}
+    print(f"Medusa: {runtime.reason}; baseline: plain decoding in {' or '.join(plain_models)}, "
+          "whichever is faster in this run", file=sys.stderr)
     prompts = load_benchmark_prompts(args.prompts, args.num_prompts)
     eos = () if args.ignore_eos else eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)
     ids = [prompt_ids(tokenizer, [{"role": "user", "content": p["prompt"]}]) for p in prompts]
 
-    def plain(request):
-        return lambda stats: plain_decode(baseline_model, request, stats)
+    def plain(name, request):
+        return lambda stats: plain_decode(plain_models[name], request, stats)
 
     def spec(request):
         return lambda stats: medusa.decode(request, stats=stats)
 
     warm = DecodeRequest(ids[0], 16, eos)
-    for decode in (plain(warm), spec(warm)):
+    for decode in [plain(name, warm) for name in plain_models] + [spec(warm)]:
         timed(decode, device)
 
     rows = []
-    progress = tqdm(total=len(lengths) * len(prompts) * args.runs * 2, desc="benchmark", unit="run", file=sys.stderr)
+    sides = len(plain_models) + 1
+    progress = tqdm(total=len(lengths) * len(prompts) * args.runs * sides, desc="benchmark", unit="run", file=sys.stderr)
     for length in lengths:
         for prompt, prompt_ids_ in zip(prompts, ids):
             request = DecodeRequest(prompt_ids_, length, eos)
             samples = defaultdict(list)
+            order = [("medusa", spec(request))] + [(name, plain(name, request)) for name in plain_models]
             for run_index in range(args.runs):
-                order = (("baseline", plain), ("medusa", spec))
-                for name, make in order if run_index % 2 == 0 else order[::-1]:
-                    out, stats, total, decode_s = timed(make(request), device)
+                for name, decode in order if run_index % 2 == 0 else order[::-1]:
+                    out, stats, total, decode_s = timed(decode, device)
                     samples[name].append((total, decode_s, out, stats))
                     progress.update()
-            base_out, med_out = samples["baseline"][0][2], samples["medusa"][0][2]
+            med_out = samples["medusa"][0][2]
             rows.append({
                 "max_new_tokens": length,
                 "category": prompt["category"],
                 "tokens": len(med_out),
-                "baseline_tokens": len(base_out),
-                "identical": base_out == med_out,
-                "baseline_seconds": statistics.median(s[0] for s in samples["baseline"]),
-                "baseline_decode_seconds": statistics.median(s[1] for s in samples["baseline"]),
                 "medusa_seconds": statistics.median(s[0] for s in samples["medusa"]),
                 "medusa_decode_seconds": statistics.median(s[1] for s in samples["medusa"]),
                 "medusa_steps": samples["medusa"][0][3].steps,
+                "plain": {name: {"tokens": len(samples[name][0][2]),
+                                 "identical": samples[name][0][2] == med_out,
+                                 "seconds": statistics.median(s[0] for s in samples[name]),
+                                 "decode_seconds": statistics.median(s[1] for s in samples[name])}
+                          for name in plain_models},
             })
+    baseline_dtype = fastest_baseline(rows)
+    for row in rows:
+        base = row["plain"][baseline_dtype]
+        row.update(baseline_tokens=base["tokens"], identical=base["identical"], baseline_seconds=base["seconds"],
+                   baseline_decode_seconds=base["decode_seconds"])
     progress.close()
     results = summarise(rows)
     results["by_length"] = [{"max_new_tokens": n, **summarise([r for r in rows if r["max_new_tokens"] == n])}
@@ -227,7 +261,10 @@ def run(args: argparse.Namespace) -> dict:
         "command": " ".join(sys.argv),
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
         "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
-        "baseline_dtype": runtime.plain_dtype, "medusa_dtype": runtime.dtype, "tree_tokens": runtime.tree_tokens,
+        "baseline_dtype": baseline_dtype, "medusa_dtype": runtime.dtype, "tree_tokens": runtime.tree_tokens,
+        "plain_tokens_per_second": {name: round(sum(r["plain"][name]["tokens"] for r in rows)
+                                                / sum(r["plain"][name]["seconds"] for r in rows), 3)
+                                    for name in plain_models},
         "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
     }

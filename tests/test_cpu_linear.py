@@ -30,6 +30,20 @@ def reference(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, mlp[0].weight, mlp[0].bias)), mlp[2].weight)
 
 
+def assert_matches_f_linear(mlp: nn.Module, x: torch.Tensor) -> None:
+    with torch.inference_mode():
+        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
+
+
+def packed_after_one_forward() -> tuple[nn.Module, torch.Tensor]:
+    """A bf16 MLP whose weights were packed by one inference forward, and its input."""
+    mlp = use_packed_bf16_linears(bf16_mlp())
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert packed_calls(lambda: mlp(x)) == 2
+    return mlp, x
+
+
 @needs_bf16_kernels
 def test_bf16_inference_runs_on_packed_weights_with_the_results_of_f_linear():
     mlp = use_packed_bf16_linears(bf16_mlp())
@@ -38,10 +52,8 @@ def test_bf16_inference_runs_on_packed_weights_with_the_results_of_f_linear():
         x = torch.randn(shape, dtype=torch.bfloat16)
         with torch.inference_mode():
             assert packed_calls(lambda: mlp(x)) == 2
-            torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
-    with torch.inference_mode():  # a non-contiguous input (a view of every other row)
-        x = torch.randn(8, 64, dtype=torch.bfloat16)[::2]
-        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
+        assert_matches_f_linear(mlp, x)
+    assert_matches_f_linear(mlp, torch.randn(8, 64, dtype=torch.bfloat16)[::2])  # a non-contiguous input
 
 
 @needs_bf16_kernels
@@ -59,32 +71,23 @@ def test_fp32_and_autograd_forwards_stay_on_f_linear():
 
 @needs_bf16_kernels
 def test_a_weight_changed_after_packing_is_packed_again():
-    mlp = use_packed_bf16_linears(bf16_mlp())
-    x = torch.randn(2, 64, dtype=torch.bfloat16)
-    with torch.inference_mode():
-        mlp(x)
+    mlp, x = packed_after_one_forward()
     with torch.no_grad():
         mlp[0].weight.mul_(-2)  # in place: the same storage, a new version
-    with torch.inference_mode():
-        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
+    assert_matches_f_linear(mlp, x)
     mlp.float().to(torch.bfloat16)  # new storage of equal values
     mlp[2].weight.data = torch.randn_like(mlp[2].weight)
-    with torch.inference_mode():
-        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
+    assert_matches_f_linear(mlp, x)
 
 
 @needs_bf16_kernels
 def test_a_copy_of_a_packed_module_packs_its_own_weights():
-    mlp = use_packed_bf16_linears(bf16_mlp())
-    x = torch.randn(2, 64, dtype=torch.bfloat16)
-    with torch.inference_mode():
-        mlp(x)
+    mlp, x = packed_after_one_forward()
     twin = copy.deepcopy(mlp)
     with torch.no_grad():
         twin[0].weight.zero_()
-    with torch.inference_mode():
-        torch.testing.assert_close(twin(x), reference(twin, x), atol=1e-2, rtol=1e-2)
-        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
+    assert_matches_f_linear(twin, x)
+    assert_matches_f_linear(mlp, x)
     assert mlp.state_dict().keys() == bf16_mlp().state_dict().keys()
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from inference.cpu_linear import free_host_memory, packing_supported
+from inference.cpu_linear import free_host_memory, native_bf16_cpu, packing_supported
 from inference.demo_model import cache_home
 from inference.devices import DTYPES, synchronize
 from inference.decoding import DecodeRequest
@@ -76,12 +76,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def native_bf16_cpu() -> bool:
-    """Whether this CPU has bf16 matrix kernels (AVX512-BF16 / AMX); without them a k-token bf16
-    forward costs about k times one token."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def hardware_description(device: torch.device) -> str:

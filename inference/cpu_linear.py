@@ -4,9 +4,9 @@ A bf16 `F.linear` on the CPU hands the weight to oneDNN in PyTorch's layout, and
 its blocked layout on every call, so each decoding step reads every weight about twice. Reordering each
 weight once, at its first bf16 forward without autograd, and calling oneDNN's linear on that copy gives
 the same results (bit-identical on the shapes tested here) 1.3-2x faster: on a 2-core Xeon with AMX,
-576x576 / 1536x576 / 49152x576 bf16 linears took 80 / 160 / 4400 us for one token through `F.linear`
-against 40 / 76 / 2000 us packed, and plain bf16 decoding of the demo model went from 59-70 to 47 ms
-per token. Where the CPU has no native bf16 (AVX2 only), nothing changes.
+576x576 / 1536x576 / 49152x576 bf16 linears timed one by one took 80 / 160 / 4400 us for one token
+through `F.linear` against 40 / 76 / 2000 us packed (the README has what that did end to end). Where the
+CPU has no native bf16 (AVX2 only), nothing changes.
 
 The packed copy costs the weight's memory once more, so a weight is only packed while a quarter of the
 host memory stays free (a 7B model's bf16 weights on a small CPU machine keep `F.linear` for the rest).
@@ -28,9 +28,15 @@ PACKING_BATCH_HINT = 64
 _packed: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor | None]]" = weakref.WeakKeyDictionary()
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has bf16 matrix kernels (AVX512-BF16 / AMX); without them a k-token bf16
+    forward costs about k times one token."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def packing_supported() -> bool:
-    """Whether this CPU has oneDNN bf16 kernels (AVX512-BF16 / AMX): without them packing gains nothing."""
-    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether oneDNN can run bf16 linears on packed weights here: without native bf16 it gains nothing."""
+    return torch.backends.mkldnn.is_available() and native_bf16_cpu()
 
 
 def free_host_memory() -> int:

@@ -184,10 +184,16 @@ def baseline_dtypes(args: argparse.Namespace, runtime, model) -> list[str]:
     return sorted(set(candidates) | {runtime.plain_dtype})
 
 
+def plain_rates(rows: list[dict]) -> dict[str, float]:
+    """Tokens per second of plain decoding in each timed dtype over all rows (its own tokens over its own time)."""
+    return {name: sum(r["plain"][name]["tokens"] for r in rows) / sum(r["plain"][name]["seconds"] for r in rows)
+            for name in rows[0]["plain"]}
+
+
 def fastest_baseline(rows: list[dict]) -> str:
-    """The plain dtype with the highest rate over all rows (its own tokens over its own time)."""
-    return max(rows[0]["plain"], key=lambda d: sum(r["plain"][d]["tokens"] for r in rows)
-               / sum(r["plain"][d]["seconds"] for r in rows))
+    """The plain dtype with the highest rate over all rows."""
+    rates = plain_rates(rows)
+    return max(rates, key=rates.get)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -262,9 +268,7 @@ def run(args: argparse.Namespace) -> dict:
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
         "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
         "baseline_dtype": baseline_dtype, "medusa_dtype": runtime.dtype, "tree_tokens": runtime.tree_tokens,
-        "plain_tokens_per_second": {name: round(sum(r["plain"][name]["tokens"] for r in rows)
-                                                / sum(r["plain"][name]["seconds"] for r in rows), 3)
-                                    for name in plain_models},
+        "plain_tokens_per_second": {name: round(rate, 3) for name, rate in plain_rates(rows).items()},
         "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
     }

@@ -82,27 +82,39 @@ def validate_tree(tree: Tree, num_heads: int | None = None) -> Tree:
     return sorted(paths, key=lambda p: (len(p), p))
 
 
+# Context-lookup candidates per dynamic step (inference/context_lookup.py), chosen on held-out data.
+DEFAULT_LOOKUP = 12
+
+
 @dataclass(frozen=True)
 class DynamicTree:
     """A tree of `nodes` nodes chosen anew at every step from the heads' own probabilities (as EAGLE-2 does),
     instead of one fixed shape: level by level, the `expand` most likely nodes get their `top_k` most likely
     children, and the `nodes` most likely nodes of all (likelihood = product of the probabilities on the
     path) are verified. Confident steps get deep chains, uncertain ones wide levels, for the same cost.
-    The defaults were chosen on held-out data (train/demo_heads/README.md)."""
+    `lookup` more candidates come from the text so far (inference/context_lookup.py): a chain of up to that
+    many tokens below the root, which competes for the same `nodes`. The defaults were chosen on held-out
+    data (train/demo_heads/README.md)."""
 
     nodes: int = 16
     top_k: int = 8
     expand: int = 4
+    lookup: int = DEFAULT_LOOKUP
 
     def __post_init__(self):
-        if self.nodes < 1 or self.top_k < 1 or not 1 <= self.expand <= self.top_k:
-            raise TreeError("a dynamic tree needs nodes >= 1, top_k >= 1 and 1 <= expand <= top_k")
+        if self.nodes < 1 or self.top_k < 1 or not 1 <= self.expand <= self.top_k or self.lookup < 0:
+            raise TreeError("a dynamic tree needs nodes >= 1, top_k >= 1, 1 <= expand <= top_k and lookup >= 0")
 
     def __len__(self) -> int:
         return self.nodes
 
     def __str__(self) -> str:
-        return f"{DYNAMIC}:{self.nodes}"
+        lookup = "" if self.lookup == DEFAULT_LOOKUP else f":{LOOKUP}={self.lookup}"
+        return f"{DYNAMIC}:{self.nodes}{lookup}"
+
+    def depth(self, num_heads: int) -> int:
+        """Levels of the deepest possible node: one per head, or the lookup chain where that is longer."""
+        return max(num_heads, self.lookup)
 
     def candidates(self, depth: int) -> int:
         """Nodes scored per step when drafting `depth` levels: top_k at level 1, expand * top_k below."""
@@ -120,16 +132,24 @@ class DynamicTree:
 
 
 DYNAMIC = "dynamic"
+LOOKUP = "lookup"
 
 
 def parse_dynamic(name: str) -> DynamicTree | None:
-    """`dynamic` (16 nodes) or `dynamic:N` as a DynamicTree; None for any other name."""
-    prefix, _, nodes = name.partition(":")
+    """`dynamic` (16 nodes), `dynamic:N`, and either with `:lookup=K` (K context-lookup candidates, 0 for
+    none) as a DynamicTree; None for any other name."""
+    prefix, *fields = name.split(":")
     if prefix != DYNAMIC:
         return None
-    if nodes and not nodes.isdigit():
-        raise TreeError(f"{name!r}: a dynamic tree is written dynamic or dynamic:N (N nodes, e.g. dynamic:16)")
-    return DynamicTree(int(nodes)) if nodes else DynamicTree()
+    nodes, lookup = DynamicTree.nodes, DEFAULT_LOOKUP
+    if fields and fields[0].isdigit():
+        nodes = int(fields.pop(0))
+    if fields and fields[0].startswith(f"{LOOKUP}=") and fields[0][len(LOOKUP) + 1 :].isdigit():
+        lookup = int(fields.pop(0)[len(LOOKUP) + 1 :])
+    if fields:
+        raise TreeError(f"{name!r}: a dynamic tree is written dynamic[:N][:lookup=K] (N nodes, K of them at most "
+                        "from context lookup; e.g. dynamic:16 or dynamic:16:lookup=0)")
+    return DynamicTree(nodes, lookup=lookup)
 
 
 def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree | DynamicTree:

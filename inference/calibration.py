@@ -113,7 +113,7 @@ def step_runner(model, calls: int, tree: Tree | DynamicTree | None = None, heads
     if tree is None:
         depth = 0
     else:
-        depth = heads.num_heads if isinstance(tree, DynamicTree) else max(map(len, tree))
+        depth = tree.depth(heads.num_heads) if isinstance(tree, DynamicTree) else max(map(len, tree))
     max_new_tokens = (calls + 1) * (depth + 1)
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit:

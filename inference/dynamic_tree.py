@@ -8,6 +8,7 @@ parents, so the chosen tree is prefix-closed without a search. Every shape is fi
 parameters, so drafting adds no device-to-host read.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,17 +48,35 @@ def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) ->
     return paths, mask[:, :size]
 
 
+def _lookup_chain(guess: tuple[list[int], list[float]], length: int, first_id: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The context-lookup chain as `length` candidates numbered from `first_id`: tokens, log-scores less the
+    level hair, parent candidate ids (the root, then the chain's previous token). Where the guess is shorter,
+    unselectable candidates pad it, so every step's shapes stay the same. Built on the host and copied without
+    blocking: a blocking host-to-device copy would wait for the device's queue (the heads' drafting)."""
+    guessed, log_scores = guess[0][:length], guess[1][:length]
+    missing = length - len(guessed)
+    scores = [score - _LEVEL_PENALTY * (level + 1) for level, score in enumerate(log_scores)] + [-math.inf] * missing
+    parents = [-1] + list(range(first_id, first_id + length - 1))
+    ids = torch.tensor(guessed + [0] * missing + parents, dtype=torch.long).to(device, non_blocking=True)
+    return ids[:length], torch.tensor(scores).to(device, non_blocking=True), ids[length:]
+
+
 def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
-                       root: torch.Tensor, tree: DynamicTree, depth: int) -> Draft:
+                       root: torch.Tensor, tree: DynamicTree, depth: int,
+                       guess: tuple[list[int], list[float]] = ([], [])) -> Draft:
     """The `tree.nodes` most likely continuations of `root` [1] at the position whose hidden state is
-    `hidden` [1, H], drafted `depth` levels deep, as a `Draft` of `tree.nodes + 1` nodes."""
+    `hidden` [1, H], drafted `depth` levels deep by the heads (one level per head) and, when `guess` holds
+    context-lookup tokens and their chain's log-scores, up to `tree.lookup` deep along that chain below
+    the root, as a `Draft` of `tree.nodes + 1` nodes."""
     device = hidden.device
+    head_depth = heads.num_heads
     paths = root.view(1, 1)  # token paths (root first) of the nodes expanded at this level
     path_scores = torch.zeros(1, device=device)
     path_ids = torch.full((1,), -1, dtype=torch.long, device=device)  # their candidate ids (-1: the root)
     tokens, scores, parents, depths = [], [], [], []
     scored = 0
-    for level in range(depth):
+    for level in range(head_depth):
         expanded = paths.shape[0]
         state = heads.head_state(level, hidden.expand(expanded, -1), embeddings(paths))
         log_probs = heads.project(state, lm_head).float().log_softmax(-1)
@@ -68,12 +87,20 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
         scores.append(level_scores)
         parents.append(path_ids.repeat_interleave(tree.top_k))
         depths.append(torch.full_like(level_tokens, level + 1))
-        if level + 1 < depth:
+        if level + 1 < head_depth:
             keep = level_scores.topk(min(tree.expand, level_scores.shape[0])).indices
             paths = torch.cat([paths.index_select(0, keep // tree.top_k), level_tokens[keep].unsqueeze(1)], dim=1)
             path_scores, path_ids = level_scores[keep], scored + keep
         scored += level_scores.shape[0]
-    # The best nodes, in candidate order: levels in turn, so every parent gets a smaller node id than its children.
+    if tree.lookup:
+        chain_tokens, chain_scores, chain_parents = _lookup_chain(guess, tree.lookup, scored, device)
+        tokens.append(chain_tokens)
+        scores.append(chain_scores)
+        parents.append(chain_parents)
+        depths.append(torch.arange(1, tree.lookup + 1, device=device))
+        scored += tree.lookup
+    # The best nodes, in candidate order: every parent (a level above, or the chain's previous token) has a
+    # smaller candidate id than its children, so it gets a smaller node id too.
     chosen = torch.cat(scores).topk(tree.nodes).indices.sort().values
     node_of = torch.zeros(scored + 1, dtype=torch.long, device=device)  # candidate id + 1 -> node id (0: root)
     node_of[chosen + 1] = torch.arange(1, tree.nodes + 1, device=device)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from inference.context_lookup import ContextLookup
 from inference.cpu_linear import use_packed_bf16_linears
 from inference.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.dynamic_tree import Draft, draft_dynamic_tree
@@ -139,20 +140,22 @@ class MedusaDecoder:
     def drafter(self, tree: Tree | DynamicTree) -> tuple[int, int, torch.Tensor, bool, Callable[..., Draft]]:
         """(tokens per step, depth, the first step's tree mask, whether the heads run in the verification pass,
         draft(root [1], hidden [1, H] of the position whose next token is root, or that position's head logits
-        [depth, V] when the heads ran in the verification pass) -> Draft)."""
+        [depth, V] when the heads ran in the verification pass, guess = a ContextLookup guess for dynamic
+        trees with lookup) -> Draft)."""
         proposal_lm_head = self.proposal_lm_head()
         if isinstance(tree, DynamicTree):
             tree.checked(self.heads.num_heads)
-            depth = self.heads.num_heads  # one level per head
+            depth = tree.depth(self.heads.num_heads)
 
-            def draft_dynamic(root, hidden=None, head_logits=None):
-                return draft_dynamic_tree(self.heads, self._embeddings, proposal_lm_head, hidden, root, tree, depth)
+            def draft_dynamic(root, hidden=None, head_logits=None, guess=([], [])):
+                return draft_dynamic_tree(self.heads, self._embeddings, proposal_lm_head, hidden, root, tree, depth,
+                                          guess)
 
             eye = torch.eye(tree.nodes + 1, dtype=torch.bool, device=self.base_model.device)
             return tree.nodes + 1, depth, eye, False, draft_dynamic
         buffers = self.tree_buffers(tree)
 
-        def draft_static(root, hidden=None, head_logits=None):
+        def draft_static(root, hidden=None, head_logits=None, guess=([], [])):
             if head_logits is None:
                 tokens = self._draft(hidden, root, buffers, proposal_lm_head)
             else:
@@ -173,23 +176,33 @@ class MedusaDecoder:
         check_request(request, getattr(model.config, "max_position_embeddings", None))
         size, depth, tree_mask, heads_in_verification, draft = self.drafter(tree)
         device, dtype = model.device, model.dtype
-        capacity = len(request.input_ids) + request.max_new_tokens + size
+        # room for the last step's tree and for the KV keep's fixed depth + 1 entries (a lookup chain may be deeper)
+        capacity = len(request.input_ids) + request.max_new_tokens + max(size, depth + 1)
         cache = KVBuffer(model.config, capacity, device, dtype)
         mask = TreeMask(tree_mask, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
         generator = request.generator(device)
         sampling = request.sampling
         emitter = StepEmitter(request, stats)
         pad = torch.full((1,), -1, dtype=torch.long, device=device)
+        lookup = tree.lookup if isinstance(tree, DynamicTree) else 0
+        context = ContextLookup(request.input_ids) if lookup else None
+
+        def guess(tokens: list[int]) -> tuple[list[int], list[float]]:
+            """The context-lookup guess after the text so far, which now ends with `tokens`."""
+            if context is None:
+                return [], []
+            context.extend(tokens)
+            return context.guess(lookup)
 
         # Prefill: lm_head and heads only on the last position.
         prompt = torch.tensor([request.input_ids], device=device)
         hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
         root = choose_tokens(lm_head(hidden), sampling, generator)
-        step = draft(root, hidden)
-        first = emitter.emit(root.tolist())
-        yield first
+        tokens = emitter.emit(root.tolist())
+        yield tokens
         if emitter.done:
             return
+        step = draft(root, hidden, guess=guess(tokens))
 
         while True:
             start = cache.length
@@ -223,6 +236,6 @@ class MedusaDecoder:
             node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
             root = predictions.index_select(0, node)
             if all_head_logits is None:
-                step = draft(root, node_hidden.index_select(0, node))
+                step = draft(root, node_hidden.index_select(0, node), guess=guess(tokens))
             else:
                 step = draft(root, head_logits=all_head_logits.index_select(1, node)[:, 0])

@@ -14,7 +14,7 @@ import sys
 from inference.cli import Session, base_parser, run_cli
 from inference.errors import UserError
 from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
-from medusa_choices import NAMED_TREES, DynamicTree
+from medusa_choices import DEFAULT_LOOKUP, NAMED_TREES, DynamicTree
 from medusa_model import MedusaModel
 
 
@@ -28,7 +28,10 @@ def build_parser():
                         help="tree: auto (the fastest here, from the heads' measured accuracy and this machine's "
                         "calibrated step costs; plain decoding if no tree pays), heads (the tree saved with the "
                         f"heads), one of {', '.join(NAMED_TREES)}, a JSON file from train/medusa_tree_builder.py, or "
-                        "dynamic[:N]: N nodes (default 16) chosen at every step from the heads' probabilities")
+                        "dynamic[:N][:lookup=K]: N nodes (default 16) chosen at every step from the heads' "
+                        f"probabilities and up to K (default {DEFAULT_LOOKUP}, 0: none) tokens that followed the "
+                        "text's last tokens where they occurred before; auto uses dynamic trees with lookup for "
+                        "heads that propose after verification")
     medusa.add_argument("--acceptance", choices=ACCEPTANCE_RULES,
                         help="greedy (exact), sample (lossless sampling), typical (lossy); default: greedy when "
                         "--temperature is 0, else sample")
@@ -52,7 +55,9 @@ def make_session(args, device, dtype) -> Session:
     print(f"Runtime: {runtime.reason}", file=sys.stderr)
     if medusa.tree is not None:
         if isinstance(medusa.tree, DynamicTree):
-            shape = f"chosen every step, up to {medusa.medusa_head.num_heads} deep"
+            tree = medusa.tree
+            lookup = f", up to {tree.lookup} of them from context lookup" if tree.lookup else ""
+            shape = f"chosen every step, up to {tree.depth(medusa.medusa_head.num_heads)} deep{lookup}"
         else:
             shape = f"depth {max(map(len, medusa.tree))}"
         print(f"Tree: {runtime.tree_tokens} tokens per step, {shape}, acceptance {rule}", file=sys.stderr)

@@ -5,7 +5,7 @@ import torch
 
 from inference.dynamic_tree import draft_dynamic_tree
 from inference.medusa_decoding import MedusaDecoder
-from medusa_choices import DynamicTree, TreeError, load_tree
+from medusa_choices import DEFAULT_LOOKUP, DynamicTree, TreeError, load_tree
 from medusa_helpers import random_heads, upper_half_vocab
 
 
@@ -53,9 +53,12 @@ def test_dynamic_tree_verifies_the_most_likely_candidates_as_a_prefix_closed_tre
 
 def test_dynamic_tree_names_and_limits():
     assert load_tree("dynamic") == DynamicTree(16) and len(load_tree("dynamic:24")) == 24
-    assert str(load_tree("dynamic:8")) == "dynamic:8"
-    with pytest.raises(TreeError, match="dynamic:N"):
-        load_tree("dynamic:many")
+    assert str(load_tree("dynamic:8")) == "dynamic:8" and load_tree("dynamic:8").lookup == DEFAULT_LOOKUP
+    assert load_tree("dynamic:8:lookup=0") == DynamicTree(8, lookup=0) and load_tree("dynamic:lookup=3").lookup == 3
+    assert str(load_tree("dynamic:8:lookup=0")) == "dynamic:8:lookup=0"
+    for name in ("dynamic:many", "dynamic:8:lookup", "dynamic:8:lookup=-1", "dynamic:8:4"):
+        with pytest.raises(TreeError, match=r"dynamic\[:N\]\[:lookup=K\]"):
+            load_tree(name)
     with pytest.raises(TreeError, match="nodes >= 1"):
         load_tree("dynamic:0")
     with pytest.raises(TreeError, match="needs more candidates than 1 heads"):

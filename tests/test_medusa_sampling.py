@@ -57,9 +57,11 @@ def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) ->
 
 
 # Two of the six tokens at the first level: a root draw is often not among the proposals, so steps that accept
-# nothing, second steps and the KV keep after a sampled step all happen. The dynamic tree is chosen per step.
+# nothing, second steps and the KV keep after a sampled step all happen. The dynamic tree is chosen per step,
+# from the heads alone or with the context-lookup chain competing for its nodes.
 @pytest.mark.parametrize("tree,head_input", [([[0], [1], [0, 0]], "hidden"),
-                                             (DynamicTree(nodes=3, top_k=2, expand=1), "hidden_and_path")])
+                                             (DynamicTree(nodes=3, top_k=2, expand=1, lookup=0), "hidden_and_path"),
+                                             (DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), "hidden_and_path")])
 def test_sampled_continuations_match_plain_sampling_distribution(tree, head_input):
     model = tiny_vocab_model()
     expected = exact_distribution(model)

@@ -124,7 +124,8 @@ def main(argv=None) -> int:
         drafted = {"tree": best["tree"]}
         # heads sharing the verification's lm_head pass would pay a second one for a dynamic tree
         if heads.propose_after_verification and DynamicTree(best["budget"]).fits(heads.num_heads):
-            drafted["dynamic"] = DynamicTree(best["budget"])
+            # the heads' own nodes: the held-out positions have no text before them to look up
+            drafted["dynamic"] = DynamicTree(best["budget"], lookup=0)
         with tqdm(total=len(hidden) * len(drafted), desc="drafting held-out steps", unit="step",
                   file=sys.stderr) as progress:
             held_out_tokens = {name: round(1 + drafted_acceptance(decoder, hidden, targets, following_ids, tree,
@@ -151,7 +152,8 @@ def main(argv=None) -> int:
             config_path = heads_config_path(heads_dir)
             config = json.loads(config_path.read_text())
             dynamic_better = held_out_tokens.get("dynamic", 0.0) > held_out_tokens["tree"]
-            config["medusa_choices"] = str(drafted["dynamic"]) if dynamic_better else best["tree"]
+            # saved with the default context lookup, which decoding has the text for
+            config["medusa_choices"] = str(DynamicTree(best["budget"])) if dynamic_better else best["tree"]
             config["medusa_head_accuracy"] = result["head_rank_accuracy"]
             config_path.write_text(json.dumps(config, indent=2) + "\n")
             print(f"recorded in {config_path}: the {'dynamic' if dynamic_better else 'fixed'} {best['budget']}-node tree",

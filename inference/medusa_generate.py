@@ -56,8 +56,9 @@ def make_session(args, device, dtype) -> Session:
     if medusa.tree is not None:
         if isinstance(medusa.tree, DynamicTree):
             tree = medusa.tree
-            lookup = f", up to {tree.lookup} of them from context lookup" if tree.lookup else ""
-            shape = f"chosen every step, up to {tree.depth(medusa.medusa_head.num_heads)} deep{lookup}"
+            deepest = min(tree.depth(medusa.medusa_head.num_heads), tree.nodes)
+            lookup = f", up to {min(tree.lookup, tree.nodes)} of them from context lookup" if tree.lookup else ""
+            shape = f"chosen every step, up to {deepest} deep{lookup}"
         else:
             shape = f"depth {max(map(len, medusa.tree))}"
         print(f"Tree: {runtime.tree_tokens} tokens per step, {shape}, acceptance {rule}", file=sys.stderr)

@@ -191,9 +191,8 @@ def plain_rates(rows: list[dict]) -> dict[str, float]:
             for name in rows[0]["plain"]}
 
 
-def fastest_baseline(rows: list[dict]) -> str:
-    """The plain dtype with the highest rate over all rows."""
-    rates = plain_rates(rows)
+def fastest_baseline(rates: dict[str, float]) -> str:
+    """The plain dtype with the highest rate (`plain_rates`, over all rows together)."""
     return max(rates, key=rates.get)
 
 
@@ -253,7 +252,8 @@ def run(args: argparse.Namespace) -> dict:
                                  "decode_seconds": statistics.median(s[1] for s in samples[name])}
                           for name in plain_models},
             })
-    baseline_dtype = fastest_baseline(rows)
+    rates = plain_rates(rows)
+    baseline_dtype = fastest_baseline(rates)
     for row in rows:
         base = row["plain"][baseline_dtype]
         row.update(baseline_tokens=base["tokens"], identical=base["identical"], baseline_seconds=base["seconds"],
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> dict:
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
         "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
         "baseline_dtype": baseline_dtype, "medusa_dtype": runtime.dtype, "tree_tokens": runtime.tree_tokens,
-        "plain_tokens_per_second": {name: round(rate, 3) for name, rate in plain_rates(rows).items()},
+        "plain_tokens_per_second": {name: round(rate, 3) for name, rate in rates.items()},
         "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
     }

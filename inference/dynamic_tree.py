@@ -49,17 +49,19 @@ def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) ->
 
 
 def _lookup_chain(guess: tuple[list[int], list[float]], length: int, first_id: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The context-lookup chain as `length` candidates numbered from `first_id`: tokens, log-scores less the
-    level hair, parent candidate ids (the root, then the chain's previous token). Where the guess is shorter,
-    unselectable candidates pad it, so every step's shapes stay the same. Built on the host and copied without
-    blocking: a blocking host-to-device copy would wait for the device's queue (the heads' drafting)."""
+    level hair, parent candidate ids (the root, then the chain's previous token) and depths. Where the guess is
+    shorter, unselectable candidates pad it, so every step's shapes stay the same. Built on the host and copied
+    without blocking: a blocking host-to-device copy would wait for the device's queue (the heads' drafting)."""
     guessed, log_scores = guess[0][:length], guess[1][:length]
     missing = length - len(guessed)
     scores = [score - _LEVEL_PENALTY * (level + 1) for level, score in enumerate(log_scores)] + [-math.inf] * missing
     parents = [-1] + list(range(first_id, first_id + length - 1))
-    ids = torch.tensor(guessed + [0] * missing + parents, dtype=torch.long).to(device, non_blocking=True)
-    return ids[:length], torch.tensor(scores).to(device, non_blocking=True), ids[length:]
+    depths = list(range(1, length + 1))
+    ids = torch.tensor(guessed + [0] * missing + parents + depths, dtype=torch.long).to(device, non_blocking=True)
+    tokens, parent_ids, depth_of = ids.view(3, length)
+    return tokens, torch.tensor(scores).to(device, non_blocking=True), parent_ids, depth_of
 
 
 def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
@@ -93,11 +95,11 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
             path_scores, path_ids = level_scores[keep], scored + keep
         scored += level_scores.shape[0]
     if tree.lookup:
-        chain_tokens, chain_scores, chain_parents = _lookup_chain(guess, tree.lookup, scored, device)
+        chain_tokens, chain_scores, chain_parents, chain_depths = _lookup_chain(guess, tree.lookup, scored, device)
         tokens.append(chain_tokens)
         scores.append(chain_scores)
         parents.append(chain_parents)
-        depths.append(torch.arange(1, tree.lookup + 1, device=device))
+        depths.append(chain_depths)
         scored += tree.lookup
     # The best nodes, in candidate order: every parent (a level above, or the chain's previous token) has a
     # smaller candidate id than its children, so it gets a smaller node id too.

@@ -10,7 +10,7 @@ hand-made file (the question files are not in the repository):
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,9 +80,7 @@ def main(argv=None) -> int:
         with open(args.out, "w", encoding="utf-8") as file:
             for prompt in prompts:
                 file.write(json.dumps(prompt, ensure_ascii=False) + "\n")
-        counts: dict[str, int] = defaultdict(int)
-        for prompt in prompts:
-            counts[prompt["category"]] += 1
+        counts = Counter(prompt["category"] for prompt in prompts)
         summary = ", ".join(f"{category} {count}" for category, count in counts.items())
         print(f"{len(prompts)} prompts in {args.out} ({summary})", file=sys.stderr)
 

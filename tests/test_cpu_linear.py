@@ -1,6 +1,7 @@
 """bf16 linears on packed oneDNN weights: same results as F.linear, used only where they can be."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -99,6 +100,16 @@ def test_weights_stay_unpacked_when_packing_would_leave_too_little_memory(monkey
     with torch.inference_mode():
         assert packed_calls(lambda: mlp(x)) == 0
         torch.testing.assert_close(mlp(x), reference(mlp, x))
+
+
+def test_free_host_memory_counts_the_page_cache_the_kernel_gives_back(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          500000 kB\nMemAvailable:   20000000 kB\n")
+    assert cpu_linear.free_host_memory(str(meminfo)) == 20000000 * 1024
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          500000 kB\n")  # no MemAvailable: unused pages
+    unused = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert abs(cpu_linear.free_host_memory(str(meminfo)) - unused) < 256 * 2**20
+    assert abs(cpu_linear.free_host_memory(str(tmp_path / "missing")) - unused) < 256 * 2**20
 
 
 def test_cpus_without_bf16_kernels_keep_their_linears(monkeypatch):

@@ -61,13 +61,18 @@ class TreeError(ValueError):
     """A tree that cannot be verified: not prefix-closed, too deep, or malformed."""
 
 
+def _is_int(value) -> bool:
+    """An int that is not a bool (JSON's true and false are ints to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def validate_tree(tree: Tree, num_heads: int | None = None) -> Tree:
     """Check and normalise a tree (list of lists of non-negative ints); returns it sorted by (depth, path)."""
     if not isinstance(tree, (list, tuple)) or not tree:
         raise TreeError("a Medusa tree must be a non-empty list of rank paths such as [[0], [0, 0], [1]]")
     paths = []
     for path in tree:
-        if not isinstance(path, (list, tuple)) or not path or not all(isinstance(r, int) and r >= 0 for r in path):
+        if not isinstance(path, (list, tuple)) or not path or not all(_is_int(r) and r >= 0 for r in path):
             raise TreeError(f"tree node {path!r} is not a non-empty list of non-negative integer ranks")
         paths.append(list(path))
     seen = {tuple(p) for p in paths}
@@ -102,14 +107,18 @@ class DynamicTree:
     lookup: int = DEFAULT_LOOKUP
 
     def __post_init__(self):
-        if self.nodes < 1 or self.top_k < 1 or not 1 <= self.expand <= self.top_k or self.lookup < 0:
-            raise TreeError("a dynamic tree needs nodes >= 1, top_k >= 1, 1 <= expand <= top_k and lookup >= 0")
+        values = (self.nodes, self.top_k, self.expand, self.lookup)
+        if not all(_is_int(v) for v in values) or self.nodes < 1 or self.top_k < 1 \
+                or not 1 <= self.expand <= self.top_k or self.lookup < 0:
+            raise TreeError("a dynamic tree needs integers nodes >= 1, top_k >= 1, 1 <= expand <= top_k and lookup >= 0")
+        # a chain longer than the tree cannot be verified: its tokens past the node count would only cost
+        object.__setattr__(self, "lookup", min(self.lookup, self.nodes))
 
     def __len__(self) -> int:
         return self.nodes
 
     def __str__(self) -> str:
-        lookup = "" if self.lookup == DEFAULT_LOOKUP else f":{LOOKUP}={self.lookup}"
+        lookup = "" if self.lookup == min(DEFAULT_LOOKUP, self.nodes) else f":{LOOKUP}={self.lookup}"
         return f"{DYNAMIC}:{self.nodes}{lookup}"
 
     def depth(self, num_heads: int) -> int:
@@ -149,6 +158,9 @@ def parse_dynamic(name: str) -> DynamicTree | None:
     if fields:
         raise TreeError(f"{name!r}: a dynamic tree is written dynamic[:N][:lookup=K] (N nodes, K of them at most "
                         "from context lookup; e.g. dynamic:16 or dynamic:16:lookup=0)")
+    if f"{LOOKUP}=" in name and lookup > nodes:
+        raise TreeError(f"{name!r}: a lookup chain of {lookup} tokens does not fit in {nodes} nodes (lookup=K needs "
+                        f"K <= N; a longer chain cannot be verified)")
     return DynamicTree(nodes, lookup=lookup)
 
 

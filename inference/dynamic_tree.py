@@ -3,8 +3,9 @@
 Level d (1-based) scores `top_k` children for each of the `expand` most likely nodes of level d-1 (the root
 alone at level 1) with head d-1, which reads each node's token path like any sequentially dependent head.
 A node's score is the log of the product of the probabilities on its path, less a hair per level so a
-child always scores below its parent: the `nodes` best-scoring candidates then always include their
-parents, so the chosen tree is prefix-closed without a search. Every shape is fixed by the tree's
+child always scores below its parent, also where a head gives its token probability 1.0 (`_below`): the
+`nodes` best-scoring candidates then always include their parents, so the chosen tree is prefix-closed
+without a search. Every shape is fixed by the tree's
 parameters, so drafting adds no device-to-host read.
 """
 
@@ -16,8 +17,15 @@ from torch import nn
 
 from medusa_choices import DynamicTree
 
-# Subtracted per level from the log-score: keeps a child (probability 1.0 in float) strictly below its parent.
-_LEVEL_PENALTY = 1e-6
+# Relative and absolute hair taken off per level, so a child scores strictly below its parent in float32
+# at any depth (a fixed 1e-6 alone is below float32's resolution once a score passes -8).
+_HAIR = 1e-6
+
+
+def _below(parent_score, log_prob):
+    """The score of a child whose token has `log_prob` (<= 0) below a parent scored `parent_score` (<= 0):
+    their sum less a hair that float32 can resolve, so a child never ties its parent."""
+    return (parent_score + log_prob) * (1 + _HAIR) - _HAIR
 
 
 @dataclass(frozen=True)
@@ -48,20 +56,54 @@ def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) ->
     return paths, mask[:, :size]
 
 
-def _lookup_chain(guess: tuple[list[int], list[float]], length: int, first_id: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The context-lookup chain as `length` candidates numbered from `first_id`: tokens, log-scores less the
-    level hair, parent candidate ids (the root, then the chain's previous token) and depths. Where the guess is
-    shorter, unselectable candidates pad it, so every step's shapes stay the same. Built on the host and copied
-    without blocking: a blocking host-to-device copy would wait for the device's queue (the heads' drafting)."""
+def _lookup_chain(guess: tuple[list[int], list[float]], length: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The context-lookup chain as `length` candidates: tokens (-1 where the guess is shorter), scores as the
+    heads' are scored (-inf there, so padding is never selected and every step's shapes stay the same) and depths.
+    Built on the host and copied without blocking: a blocking host-to-device copy would wait for the device's
+    queue (the heads' drafting)."""
     guessed, log_scores = guess[0][:length], guess[1][:length]
     missing = length - len(guessed)
-    scores = [score - _LEVEL_PENALTY * (level + 1) for level, score in enumerate(log_scores)] + [-math.inf] * missing
-    parents = [-1] + list(range(first_id, first_id + length - 1))
-    depths = list(range(1, length + 1))
-    ids = torch.tensor(guessed + [0] * missing + parents + depths, dtype=torch.long).to(device, non_blocking=True)
-    tokens, parent_ids, depth_of = ids.view(3, length)
-    return tokens, torch.tensor(scores).to(device, non_blocking=True), parent_ids, depth_of
+    scores, previous = [], 0.0
+    for log_score in log_scores:  # each token's own log-accuracy is the step from the chain's previous prefix
+        scores.append(_below(scores[-1] if scores else 0.0, log_score - previous))
+        previous = log_score
+    scores += [-math.inf] * missing
+    ids = torch.tensor(guessed + [-1] * missing + list(range(1, length + 1)), dtype=torch.long)
+    tokens, depth_of = ids.to(device, non_blocking=True).view(2, length)
+    return tokens, torch.tensor(scores).to(device, non_blocking=True), depth_of
+
+
+def _merge_chain(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, head_depth: int,
+                 chain_tokens: torch.Tensor, chain_scores: torch.Tensor, first_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Join the lookup chain to the heads' candidates so that no two siblings carry the same token.
+
+    Sampled acceptance draws one token per node and follows the child equal to it: two siblings with one
+    token would give that token two independent draws below it, and the output would lean towards the tree.
+    So chain token k becomes the heads' candidate with its token under the same parent (the root for k = 0,
+    else the candidate chain token k-1 became), scored by the likelier of the two, and the chain's own
+    candidate is never selected. From the first chain token the heads did not propose there, the chain goes
+    on as candidates of its own below the last joined one, where no head candidate has its token. Scores
+    still fall from parent to child, so the best candidates stay prefix-closed. Returns the scores of all
+    candidates, the chain's appended, and the chain's parent candidate ids (-1: the root)."""
+    scores, chain_scores = scores.clone(), chain_scores.clone()
+    length = chain_tokens.shape[0]
+    own_parents = torch.arange(first_id - 1, first_id + length - 1, device=tokens.device)
+    chain_parents = []
+    joined = torch.full((), -1, dtype=torch.long, device=tokens.device)  # candidate id of the last joined token
+    diverged = torch.full_like(joined, -2)  # no candidate has this parent
+    for k in range(min(length, head_depth)):  # the heads propose `head_depth` levels, so no deeper token joins
+        chain_parents.append(torch.where(joined == diverged, own_parents[k], joined))
+        match = (parents == joined) & (tokens == chain_tokens[k])
+        found = match.any()
+        index = match.int().argmax().view(1)
+        scores.scatter_reduce_(0, index, torch.where(found, chain_scores[k], -math.inf).view(1), "amax")
+        chain_scores[k] = torch.where(found, -math.inf, chain_scores[k])
+        joined = torch.where(found, index[0], diverged)
+    if length > head_depth:
+        chain_parents.append(torch.where(joined == diverged, own_parents[head_depth], joined))
+    chain_parents = torch.cat([torch.stack(chain_parents), own_parents[head_depth + 1 :]])
+    return torch.cat([scores, chain_scores]), chain_parents
 
 
 def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
@@ -84,7 +126,7 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
         log_probs = heads.project(state, lm_head).float().log_softmax(-1)
         top_log_probs, top_index = log_probs.topk(tree.top_k, dim=-1)  # [expanded, top_k]
         level_tokens = heads.token_ids(top_index).flatten()
-        level_scores = (path_scores.unsqueeze(1) + top_log_probs - _LEVEL_PENALTY).flatten()
+        level_scores = _below(path_scores.unsqueeze(1), top_log_probs).flatten()
         tokens.append(level_tokens)
         scores.append(level_scores)
         parents.append(path_ids.repeat_interleave(tree.top_k))
@@ -94,20 +136,22 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
             paths = torch.cat([paths.index_select(0, keep // tree.top_k), level_tokens[keep].unsqueeze(1)], dim=1)
             path_scores, path_ids = level_scores[keep], scored + keep
         scored += level_scores.shape[0]
+    tokens, scores, parents, depths = map(torch.cat, (tokens, scores, parents, depths))
     if tree.lookup:
-        chain_tokens, chain_scores, chain_parents, chain_depths = _lookup_chain(guess, tree.lookup, scored, device)
-        tokens.append(chain_tokens)
-        scores.append(chain_scores)
-        parents.append(chain_parents)
-        depths.append(chain_depths)
+        chain_tokens, chain_scores, chain_depths = _lookup_chain(guess, tree.lookup, device)
+        scores, chain_parents = _merge_chain(tokens, scores, parents, head_depth, chain_tokens, chain_scores,
+                                             scored)
+        tokens = torch.cat([tokens, chain_tokens.clamp(min=0)])
+        parents = torch.cat([parents, chain_parents])
+        depths = torch.cat([depths, chain_depths])
         scored += tree.lookup
     # The best nodes, in candidate order: every parent (a level above, or the chain's previous token) has a
     # smaller candidate id than its children, so it gets a smaller node id too.
-    chosen = torch.cat(scores).topk(tree.nodes).indices.sort().values
+    chosen = scores.topk(tree.nodes).indices.sort().values
     node_of = torch.zeros(scored + 1, dtype=torch.long, device=device)  # candidate id + 1 -> node id (0: root)
     node_of[chosen + 1] = torch.arange(1, tree.nodes + 1, device=device)
     minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
-    parent = torch.cat([minus_one, node_of[torch.cat(parents)[chosen] + 1]])
-    depth_of = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cat(depths)[chosen]])
+    parent = torch.cat([minus_one, node_of[parents[chosen] + 1]])
+    depth_of = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depths[chosen]])
     node_paths, mask = _paths_and_mask(parent, depth_of, depth)
-    return Draft(torch.cat([root.view(1), torch.cat(tokens)[chosen]]), depth_of.unsqueeze(0), node_paths, mask)
+    return Draft(torch.cat([root.view(1), tokens[chosen]]), depth_of.unsqueeze(0), node_paths, mask)

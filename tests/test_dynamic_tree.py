@@ -53,7 +53,8 @@ def test_dynamic_tree_verifies_the_most_likely_candidates_as_a_prefix_closed_tre
 
 def test_dynamic_tree_names_and_limits():
     assert load_tree("dynamic") == DynamicTree(16) and len(load_tree("dynamic:24")) == 24
-    assert str(load_tree("dynamic:8")) == "dynamic:8" and load_tree("dynamic:8").lookup == DEFAULT_LOOKUP
+    assert str(load_tree("dynamic:8")) == "dynamic:8" and load_tree("dynamic:8").lookup == min(DEFAULT_LOOKUP, 8)
+    assert load_tree("dynamic:16").lookup == DEFAULT_LOOKUP
     assert load_tree("dynamic:8:lookup=0") == DynamicTree(8, lookup=0) and load_tree("dynamic:lookup=3").lookup == 3
     assert str(load_tree("dynamic:8:lookup=0")) == "dynamic:8:lookup=0"
     for name in ("dynamic:many", "dynamic:8:lookup", "dynamic:8:lookup=-1", "dynamic:8:4"):
@@ -64,3 +65,42 @@ def test_dynamic_tree_names_and_limits():
     with pytest.raises(TreeError, match="needs more candidates than 1 heads"):
         load_tree("dynamic:9", num_heads=1)  # one head scores top_k = 8 candidates
     assert load_tree("dynamic:8", num_heads=1).nodes == 8
+    with pytest.raises(TreeError, match="does not fit in 16 nodes"):
+        load_tree("dynamic:16:lookup=999")  # a chain longer than the tree would only cost
+    assert DynamicTree(4).lookup == 4 and str(DynamicTree(4)) == "dynamic:4"  # the default, capped
+    with pytest.raises(TreeError, match="integers"):
+        DynamicTree(True)
+
+
+def token_paths(draft) -> list[tuple[int, ...]]:
+    tokens = draft.tokens.tolist()
+    return [tuple(tokens[n] for n in path if n >= 0) for path in draft.paths.tolist()]
+
+
+@pytest.mark.parametrize("std", [0.3, 3.0])  # 3.0: heads that give their top token probability 1.0 in float32
+def test_drafted_trees_are_prefix_closed_and_no_two_siblings_share_a_token(tiny_pangu, std):
+    """Lookup chains that repeat the heads' own proposals at every depth join them instead of doubling them,
+    and a child never ties its parent, however deep and however certain the heads are."""
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=3, std=std, head_input="hidden_and_path")
+    embeddings, lm_head = model.get_input_embeddings(), MedusaDecoder(model, heads).proposal_lm_head()
+    generator = torch.Generator().manual_seed(0)
+    for seed in range(40):
+        hidden = torch.randn(1, model.config.hidden_size, generator=generator)
+        with torch.no_grad():
+            heads_only = draft_dynamic_tree(heads, embeddings, lm_head, hidden, torch.tensor([5]),
+                                            DynamicTree(12, top_k=4, expand=3, lookup=0), depth=3)
+            # the chain starts with a path of the heads' own nodes, so its first tokens repeat theirs
+            proposed = token_paths(heads_only)[int(torch.randint(1, 13, (1,), generator=generator))][1:]
+            chain = list(proposed) + torch.randint(0, 50, (5 - len(proposed),), generator=generator).tolist()
+            sure = seed % 2 == 0
+            guess = (chain, [(-1e-3 if sure else -2.0) * (k + 1) for k in range(5)])
+            draft = draft_dynamic_tree(heads, embeddings, lm_head, hidden, torch.tensor([5]),
+                                       DynamicTree(12, top_k=4, expand=3, lookup=5), depth=5, guess=guess)
+        paths, node_paths = draft.paths.tolist(), token_paths(draft)
+        for node, path in enumerate(paths):
+            depth = draft.position_offsets[0, node].item()
+            assert path[: depth + 1] == [n for n in path if n >= 0] and path[depth] == node  # parent, then itself
+        assert len(set(node_paths)) == len(node_paths)  # siblings differ, so no two nodes have one token path
+        if sure:
+            assert all((5, *chain[: k + 1]) in node_paths for k in range(5))

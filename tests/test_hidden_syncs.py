@@ -75,3 +75,42 @@ def test_the_kv_keep_has_the_same_shape_whatever_is_accepted(tiny_pangu, monkeyp
     list(decoder.decode(DecodeRequest(prompt, 60), load_tree("mc_sim_7b_63")))
     assert set(widths) == {(5,)}  # depth + 1 for the 4-level tree
     assert len(set(kept)) > 1  # while the accepted lengths varied
+
+
+class TransferCounter:
+    """Counts the explicit device-to-host reads of tensors: `.tolist()`, `.item()`, `.cpu()`, `.numpy()`."""
+
+    READS = ("tolist", "item", "cpu", "numpy")
+
+    def __init__(self, monkeypatch):
+        self.counts = dict.fromkeys(self.READS, 0)
+        for name in self.READS:
+            monkeypatch.setattr(torch.Tensor, name, self._counting(name, getattr(torch.Tensor, name)))
+
+    def _counting(self, name, read):
+        def counted(tensor, *args, **kwargs):
+            self.counts[name] += 1
+            return read(tensor, *args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("rule,sampling,head_input,tree", [("greedy", Sampling(), "hidden", "mc_sim_7b_63"),
+                                                           ("sample", SAMPLED, "hidden_and_next_token", "tree_16"),
+                                                           ("greedy", Sampling(), "hidden_and_path", "dynamic:16"),
+                                                           ("sample", SAMPLED, "hidden_and_path", "dynamic:16")])
+def test_each_medusa_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch, rule, sampling, head_input, tree):
+    model = tiny_pangu[1]
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
+    prompt = random_prompts(model.config.vocab_size, count=1)[0] * 3  # repeated text, so context lookup guesses
+    transfers = TransferCounter(monkeypatch)
+    steps = len(list(decoder.decode(DecodeRequest(prompt, 40, (), sampling, seed=0), load_tree(tree), Acceptance(rule))))
+    assert steps > 5 and transfers.counts == {"tolist": steps, "item": 0, "cpu": 0, "numpy": 0}  # prefill included
+
+
+def test_each_plain_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch):
+    model = tiny_pangu[1]
+    prompt = random_prompts(model.config.vocab_size, count=1)[0]
+    transfers = TransferCounter(monkeypatch)
+    steps = len(list(plain_decode(model, DecodeRequest(prompt, 20, (), SAMPLED, seed=0))))
+    assert steps == 20 and transfers.counts == {"tolist": 20, "item": 0, "cpu": 0, "numpy": 0}

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from inference.context_lookup import ContextLookup
 from inference.decoding import DecodeRequest, DecodeStats
 from inference.medusa_decoding import Acceptance, MedusaDecoder
 from inference.sampling import Sampling, probabilities
@@ -38,6 +39,12 @@ def exact_distribution(model) -> dict[tuple, float]:
     return result
 
 
+def chi_square_critical(df: int) -> float:
+    """The chi-square quantile at p = 0.999 (Wilson-Hilferty approximation)."""
+    z = 3.09
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
 def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) -> tuple[float, float]:
     """Pearson chi-square (cells with expected count < 5 pooled) and its 0.1% critical value."""
     stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
@@ -51,9 +58,7 @@ def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) ->
     if pooled_exp > 0:
         stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
         cells += 1
-    df, z = cells - 1, 3.09  # Wilson-Hilferty approximation of the chi-square quantile at p = 0.999
-    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat, critical
+    return stat, chi_square_critical(cells - 1)
 
 
 # Two of the six tokens at the first level: a root draw is often not among the proposals, so steps that accept
@@ -74,6 +79,79 @@ def test_sampled_continuations_match_plain_sampling_distribution(tree, head_inpu
     assert stats.steps > SAMPLES * 1.2  # and many draws needed a second step (nothing accepted in the first)
     stat, critical = chi_square_rejects(counts, expected, SAMPLES)
     assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: Medusa sampling is not lossless"
+
+
+# A model whose every token has the same embedding, so every position's next token is drawn from one fixed
+# distribution: a sampled text is then a sequence of independent draws, whose pairs a chi-square can check
+# however the draws were grouped into steps. Flat enough that no token is rare, so a bias on any shows.
+UNIGRAM = torch.tensor([0.3, 0.22, 0.17, 0.13, 0.1, 0.08])
+
+
+def unigram_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(UNIGRAM), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         eos_token_id=None, bos_token_id=None)
+    model = LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.randn(config.hidden_size).expand(len(UNIGRAM), -1))
+        hidden = model.model(input_ids=torch.tensor([[0]])).last_hidden_state[0, 0]
+        model.lm_head.weight.copy_(UNIGRAM.log().unsqueeze(1) * hidden / hidden.dot(hidden))  # logits = log UNIGRAM
+    return model
+
+
+def pair_chi_square(sequences: list[list[int]]) -> tuple[float, float]:
+    """Pearson chi-square of the counts of consecutive token pairs against independent UNIGRAM draws (a
+    Markov chain goodness-of-fit test, every row against UNIGRAM), and its 0.1% critical value."""
+    pairs = Counter(pair for sequence in sequences for pair in zip(sequence, sequence[1:]))
+    size, stat = len(UNIGRAM), 0.0
+    for first in range(size):
+        row = sum(pairs[(first, second)] for second in range(size))
+        for second in range(size):
+            expected = row * UNIGRAM[second].item()
+            stat += (pairs[(first, second)] - expected) ** 2 / expected
+    return stat, chi_square_critical(size * (size - 1))
+
+
+def always_the_likeliest_token(self, count: int) -> tuple[list[int], list[float]]:
+    """A context lookup that always guesses the likeliest token, surely: its chain repeats a head's node at
+    every step, and its first token is the one drawn most often there."""
+    return [int(UNIGRAM.argmax())] * count, [math.log(0.9) * (k + 1) for k in range(count)]
+
+
+FULL_LEVEL = dict(top_k=len(UNIGRAM), expand=len(UNIGRAM))  # every token is a level-1 candidate
+REPEATING_TREES = [
+    ([[0], [1], [0, 0], [1, 0]], "hidden", "shared_lm_head", False),
+    ([[0], [1], [0, 0], [1, 0]], "hidden", "own_lm_head", False),
+    ([[0], [1], [0, 0], [1, 0]], "hidden_and_next_token", "shared_lm_head", False),
+    ([[0], [1], [0, 0], [1, 0]], "hidden_and_path", "shared_lm_head", False),
+    (DynamicTree(nodes=8, lookup=0, **FULL_LEVEL), "hidden_and_path", "shared_lm_head", False),
+    (DynamicTree(nodes=8, lookup=3, **FULL_LEVEL), "hidden_and_path", "shared_lm_head", False),
+    (DynamicTree(nodes=8, lookup=3, **FULL_LEVEL), "hidden_and_path", "shared_lm_head", True),
+    (DynamicTree(nodes=8, lookup=3, **FULL_LEVEL), "hidden", "shared_lm_head", True),
+]
+
+
+@pytest.mark.parametrize("tree,head_input,layout,sure_lookup", REPEATING_TREES,
+                         ids=[f"{tree}-{head_input}-{layout}{'-sure_lookup' if sure else ''}"
+                              for tree, head_input, layout, sure in REPEATING_TREES])
+def test_sampling_stays_lossless_where_the_tree_proposes_a_token_twice(monkeypatch, tree, head_input, layout,
+                                                                      sure_lookup):
+    """Where two siblings carried one token, each would get its own draw below it and the walk would keep
+    whichever continued: the token after it would lean towards the tree's proposals. Heads on this model
+    propose the same tokens at every step and a sure lookup chain repeats the likeliest token, so such a
+    repeat, if the tree let one through, would be drawn in a third of all steps."""
+    if sure_lookup:
+        monkeypatch.setattr(ContextLookup, "guess", always_the_likeliest_token)
+    model = unigram_model()
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=2, std=0.2, layout=layout, head_input=head_input))
+    sampling, stats, sequences = Sampling(temperature=1.0), DecodeStats(), []
+    for seed in range(300):
+        request = DecodeRequest([1, 2, 3], 24, (), sampling, seed=seed)
+        sequences.append([t for step in decoder.decode(request, tree, Acceptance("sample"), stats) for t in step])
+    assert stats.tokens_per_step > 1.2  # the proposals are accepted, repeated ones included
+    stat, critical = pair_chi_square(sequences)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: sampling through this tree is not lossless"
 
 
 def typical_accept_lengths(threshold: float, alpha: float) -> Counter:

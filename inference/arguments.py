@@ -1,0 +1,58 @@
+"""Command-line parsing shared by every entry point: bad arguments are one `error:` line, not a usage block.
+
+The value types below refuse what would otherwise run wrongly without a word (a NaN temperature samples
+token 0 forever, `--num_prompts 0` ran every prompt, `--batch_size 0` nothing), so each command can say
+what it takes.
+"""
+
+import argparse
+import math
+import sys
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with `formatter_class` defaulting to showing defaults and errors as one line (exit status 2)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind, text: str, check, requirement: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not check(value):
+        raise argparse.ArgumentTypeError(f"{text} is not {requirement}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 0, "an integer >= 0")
+
+
+def non_negative_float(text: str) -> float:
+    return _number(float, text, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(float, text, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+
+
+def probability(text: str) -> float:
+    """A number in (0, 1], such as top_p."""
+    return _number(float, text, lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    return _number(float, text, lambda v: 0 <= v < 1, "in [0, 1)")

@@ -11,6 +11,7 @@ measured, once per (machine, torch, threads, base model, heads, dtypes), and cac
 import copy
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -27,6 +28,7 @@ from inference.demo_model import cache_home
 from inference.devices import DTYPES, synchronize
 from inference.decoding import DecodeRequest
 from inference.medusa_decoding import MedusaDecoder
+from inference.outputs import exclusive, write_atomic
 from inference.plain_decoding import plain_decode
 from medusa_choices import DynamicTree, Tree, mc_sim_7b_63
 
@@ -60,11 +62,18 @@ class StepProfile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "StepProfile":
-        step_ms = {dtype: {int(t): float(ms) for t, ms in sizes.items()} for dtype, sizes in data["step_ms"].items()}
+    def from_dict(cls, data: dict, dtypes: list[str] | None = None, sizes: tuple[int, ...] | None = None) -> "StepProfile":
+        """The profile in `data`, checked: timings for the same dtypes (`dtypes`, where given) and step sizes
+        (`sizes`, where given) in each, every one a finite positive number of ms."""
+        step_ms = {dtype: {int(t): float(ms) for t, ms in table.items()} for dtype, table in data["step_ms"].items()}
         plain_ms = {dtype: float(ms) for dtype, ms in data["plain_ms"].items()}
-        if not plain_ms or set(step_ms) != set(plain_ms):
+        if not plain_ms or set(step_ms) != set(plain_ms) or (dtypes is not None and set(plain_ms) != set(dtypes)):
             raise ValueError("a calibration profile needs plain and step timings for the same dtypes")
+        if sizes is not None and any(set(table) != set(sizes) for table in step_ms.values()):
+            raise ValueError(f"a calibration profile needs a timing for each step size {sizes}")
+        if not all(math.isfinite(ms) and ms > 0 for ms in [*plain_ms.values()] + [ms for table in step_ms.values()
+                                                                               for ms in table.values()]):
+            raise ValueError("a calibration profile's timings must be finite positive numbers of ms")
         return cls(plain_ms, step_ms, str(data.get("hardware", "")))
 
 
@@ -212,6 +221,11 @@ def calibration_dir() -> Path:
     return cache_home() / "calibration"
 
 
+def profile_path(key: dict) -> Path:
+    """Where the profile measured for `key` is cached: one file per distinct key."""
+    return calibration_dir() / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+
+
 def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> StepProfile:
     """The cached profile of this machine and model, measuring it first if there is none (or it is unreadable).
 
@@ -227,22 +241,48 @@ def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> Ste
         dtypes = [name for name in dtypes if name not in skipped]
     sizes = () if heads is None else CPU_STEP_SIZES if device_type == "cpu" else ACCELERATOR_STEP_SIZES
     key = profile_key(model, heads, dtypes, sizes)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = calibration_dir() / f"{digest}.json"
-    if path.is_file():
-        try:
-            return StepProfile.from_dict(json.loads(path.read_text())["profile"])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            log(f"calibration file {path} is unreadable: measuring again")
+    path = profile_path(key)
+    profile = read_profile(path, dtypes, sizes, log)
+    if profile is not None:
+        return profile
+    steps = f"the plain step and {len(sizes)} tree step sizes" if sizes else "the plain step"
+    what = f"step costs for this machine and model ({', '.join(dtypes)}; {steps})"
+    if not _writable(path.parent):
+        log(f"Calibrating {what} for this run only: {path.parent} cannot be written (set OPENPANGU_MEDUSA_HOME "
+            "to a writable directory to keep the result)")
+        return _measure(model, heads, dtypes, sizes)
+    with exclusive(path, on_wait=lambda: log(f"Waiting for another process that is calibrating {path} ...")):
+        profile = read_profile(path, dtypes, sizes, lambda line: None)  # the other process's result, if any
+        if profile is None:
+            log(f"Calibrating {what}; this happens once, the result is kept in {path} (measured on a busy machine? "
+                "delete it to measure again)")
+            profile = _measure(model, heads, dtypes, sizes)
+            # atomic: an interrupted calibration never leaves a half-written profile
+            write_atomic(path, json.dumps({"key": key, "profile": profile.to_dict()}, indent=1) + "\n")
+    return profile
+
+
+def read_profile(path: Path, dtypes: list[str], sizes: tuple[int, ...], log) -> StepProfile | None:
+    """The profile cached at `path`; None where there is none, or it is unreadable (said, so it is measured again)."""
+    if not path.is_file():
+        return None
+    try:
+        return StepProfile.from_dict(json.loads(path.read_text())["profile"], dtypes, sizes)
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as error:
+        log(f"calibration file {path} is unreadable ({error}): measuring again")
+        return None
+
+
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def _measure(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> StepProfile:
     from tqdm import tqdm
 
-    steps = f"the plain step and {len(sizes)} tree step sizes" if sizes else "the plain step"
-    log(f"Calibrating step costs for this machine and model ({', '.join(dtypes)}; {steps}); this happens once, "
-        f"the result is kept in {path} (measured on a busy machine? delete it to measure again)")
     with tqdm(total=ROUNDS + 1, desc="calibrating", unit="round", file=sys.stderr) as progress:
-        profile = measure(model, heads, dtypes, sizes, ROUNDS, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".{os.getpid()}.partial")
-    staging.write_text(json.dumps({"key": key, "profile": profile.to_dict()}, indent=1) + "\n")
-    staging.replace(path)  # atomic: an interrupted calibration never leaves a half-written profile
-    return profile
+        return measure(model, heads, dtypes, sizes, ROUNDS, progress)

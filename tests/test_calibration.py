@@ -1,11 +1,14 @@
 """Step costs are measured once per machine and model, interleaved, cached, and re-measured when stale."""
 
+import json
+import threading
 import time
 
 import pytest
 import torch
 
 from inference import calibration
+from inference.outputs import exclusive
 from medusa_choices import DynamicTree
 from medusa_helpers import random_heads
 
@@ -127,3 +130,108 @@ def test_calibration_times_the_kind_of_tree_auto_decodes_with(tiny_pangu, quick_
     trees = [tree for tree in timed if tree is not None]
     assert [len(tree) for tree in trees] == [1, 4] and not any(isinstance(tree, DynamicTree) for tree in trees)
     assert len(quick_calibration) == 2  # the two kinds are cached apart
+
+
+def test_the_cache_key_tells_apart_every_machine_model_heads_and_tree_kind(tiny_pangu, monkeypatch):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+
+    def path(heads=heads):
+        return calibration.profile_path(calibration.profile_key(model, heads, ["fp32"], (2, 5)))
+
+    base = path()
+    changes = [
+        lambda patch: patch.setattr(calibration, "cpu_name", lambda: "Another CPU"),
+        lambda patch: patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2"),
+        lambda patch: patch.setattr(torch, "__version__", "2.99.0"),
+        lambda patch: patch.setattr(torch, "get_num_threads", lambda: 7),
+        lambda patch: patch.setattr(model.config, "_name_or_path", "another/model"),
+        lambda patch: patch.setattr(model.config, "num_hidden_layers", 99),
+        lambda patch: patch.setattr(calibration, "packing_supported", lambda: False),
+    ]
+    for change in changes:
+        with monkeypatch.context() as patch:
+            change(patch)
+            assert path() != base
+    assert path(random_heads(model, num_heads=3)) != base
+    assert path(random_heads(model, num_heads=2, layout="own_lm_head")) != base
+    assert path(random_heads(model, num_heads=2, head_input="hidden_and_path")) != base  # dynamic trees are timed
+    assert path() == base
+
+
+def valid_profile(sizes=(2, 5)) -> dict:
+    return {"plain_ms": {"fp32": 10.0}, "step_ms": {"fp32": {str(t): 10.0 + t for t in sizes}}}
+
+
+UNUSABLE_PROFILES = {
+    "syntax": '{"profile": {"plain_ms": ',
+    "not an object": "[1, 2]",
+    "no profile": "{}",
+    "empty tables": '{"profile": {"plain_ms": {}, "step_ms": {}}}',
+    "empty step table": '{"profile": {"plain_ms": {"fp32": 10.0}, "step_ms": {"fp32": {}}}}',
+    "a size missing": {"profile": valid_profile(sizes=(2,))},
+    "another dtype": {"profile": {"plain_ms": {"bf16": 10.0}, "step_ms": {"bf16": {"2": 12.0, "5": 15.0}}}},
+    "zero": {"profile": valid_profile() | {"plain_ms": {"fp32": 0.0}}},
+    "negative": {"profile": {"plain_ms": {"fp32": 10.0}, "step_ms": {"fp32": {"2": -1.0, "5": 15.0}}}},
+    "nan": '{"profile": {"plain_ms": {"fp32": NaN}, "step_ms": {"fp32": {"2": 12.0, "5": 15.0}}}}',
+    "infinite": '{"profile": {"plain_ms": {"fp32": 10.0}, "step_ms": {"fp32": {"2": Infinity, "5": 15.0}}}}',
+    "text": {"profile": {"plain_ms": {"fp32": "fast"}, "step_ms": {"fp32": {"2": 12.0, "5": 15.0}}}},
+}
+
+
+@pytest.mark.parametrize("kind", UNUSABLE_PROFILES)
+def test_every_unusable_cached_profile_is_measured_again_with_one_notice(tiny_pangu, quick_calibration, kind):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    [cached] = calibration.calibration_dir().glob("*.json")
+    content = UNUSABLE_PROFILES[kind]
+    cached.write_text(content if isinstance(content, str) else json.dumps(content))
+    notices = []
+    profile = calibration.step_profile(model, heads, ["fp32"], log=notices.append)
+    assert len(quick_calibration) == 2 and sum("unreadable" in line for line in notices) == 1
+    assert profile.plain_ms["fp32"] > 0 and set(profile.step_ms["fp32"]) == {2, 5}
+    assert calibration.step_profile(model, heads, ["fp32"], log=notices.append) == profile  # the new one was kept
+
+
+def test_a_valid_cached_profile_is_used_as_it_is(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    [cached] = calibration.calibration_dir().glob("*.json")
+    cached.write_text(json.dumps({"profile": valid_profile()}))
+    profile = calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    assert len(quick_calibration) == 1 and profile.step_ms == {"fp32": {2: 12.0, 5: 15.0}}
+
+
+def test_an_unwritable_home_calibrates_for_this_run_only_and_says_so(tiny_pangu, quick_calibration, monkeypatch,
+                                                                     tmp_path):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("OPENPANGU_MEDUSA_HOME", str(tmp_path / "a_file" / "home"))  # cannot be created
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    notices = []
+    for _ in range(2):
+        profile = calibration.step_profile(model, heads, ["fp32"], log=notices.append)
+    assert profile.plain_ms["fp32"] > 0 and len(quick_calibration) == 2
+    assert sum("for this run only" in line for line in notices) == 2
+
+
+def test_a_second_calibration_of_one_key_waits_for_the_first_and_takes_its_profile(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    path = calibration.profile_path(calibration.profile_key(model, heads, ["fp32"], (2, 5)))
+    path.parent.mkdir(parents=True)
+    notices, results = [], []
+    with exclusive(path, busy="held"):  # the first process, calibrating
+        second = threading.Thread(target=lambda: results.append(
+            calibration.step_profile(model, heads, ["fp32"], log=notices.append)))
+        second.start()
+        for _ in range(100):
+            if notices:
+                break
+            time.sleep(0.05)
+        path.write_text(json.dumps({"profile": valid_profile()}))  # the first one's result
+    second.join()
+    assert any("Waiting for another process" in line for line in notices)
+    assert quick_calibration == [] and results[0].step_ms == {"fp32": {2: 12.0, 5: 15.0}}

@@ -24,6 +24,7 @@ from inference.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.demo_model import DEMO_HEADS_DIR, DEMO_NAME
 from inference.devices import DTYPES, dtype_name, parse_dtype, resolve_device
 from inference.loading import load_base, resolve_model_dir
+from inference.outputs import write_atomic
 from inference.medusa_decoding import Acceptance, MedusaDecoder, default_rule
 from inference.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
@@ -87,18 +88,22 @@ def fixed_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: 
     "heads": the tree saved with the heads, else the device's default. A tree deeper than the heads is
     an error wherever it comes from.
     """
-    if isinstance(tree, list):
-        return validate_tree(tree, heads.num_heads)
-    if isinstance(tree, DynamicTree):
-        return tree.checked(heads.num_heads)
     if tree == "auto" and heads.config.medusa_head_accuracy is not None:
         return None
-    if tree in TREE_CHOICES:
+    if isinstance(tree, list):
+        chosen = validate_tree(tree, heads.num_heads)
+    elif isinstance(tree, DynamicTree):
+        chosen = tree.checked(heads.num_heads)
+    elif tree in TREE_CHOICES:
         stored = heads.config.medusa_choices
         if stored is None:
-            return default_tree(device_type, heads.num_heads)
-        return validate_tree(stored, heads.num_heads) if isinstance(stored, list) else load_tree(stored, heads.num_heads)
-    return load_tree(tree, heads.num_heads)
+            chosen = default_tree(device_type, heads.num_heads)
+        else:
+            chosen = validate_tree(stored, heads.num_heads) if isinstance(stored, list) else load_tree(stored, heads.num_heads)
+    else:
+        chosen = load_tree(tree, heads.num_heads)
+    heads.check_top_k(chosen.top_k if isinstance(chosen, DynamicTree) else 1 + max(max(path) for path in chosen))
+    return chosen
 
 
 def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: str | None, tree: Tree | DynamicTree | None,
@@ -191,7 +196,7 @@ class MedusaModel(nn.Module):
             fields.pop("base_model_name_or_path", None)
             tree = str(self.tree) if isinstance(self.tree, DynamicTree) else self.tree
             config.update(fields, medusa_choices=tree or fields.get("medusa_choices"))
-            config_path.write_text(json.dumps(config, indent=2) + "\n")
+            write_atomic(config_path, json.dumps(config, indent=2) + "\n")
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
 

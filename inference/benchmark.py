@@ -25,19 +25,21 @@ from pathlib import Path
 
 import torch
 
+from inference.arguments import ArgumentParser, positive_int
 from inference.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
 from inference.chat import prompt_ids, read_prompts
 from inference.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.devices import DTYPES, dtype_name, parse_dtype, resolve_device, set_threads, synchronize
 from inference.errors import UserError, run_command
 from inference.medusa_generate import load_medusa
+from inference.outputs import check_output_file, replace_atomic, write_atomic
 from inference.plain_decoding import plain_decode
 
 BUILTIN_PROMPTS = Path(__file__).with_name("benchmark_prompts.jsonl")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--medusa_dir", help="heads directory (default: the demo heads, else untrained heads)")
     parser.add_argument("--medusa_choices", default="auto",
@@ -46,9 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "context-lookup tokens; lookup=0: the heads alone)")
     parser.add_argument("--prompts", help="jsonl with 'prompt', MT-Bench 'turns' (first turn) or ShareGPT "
                         "'conversations'; optional 'category' (default: the built-in mixed set)")
-    parser.add_argument("--num_prompts", type=int, help="use the first N prompts")
+    parser.add_argument("--num_prompts", type=positive_int, help="use the first N prompts")
     parser.add_argument("--max_new_tokens", default="128", help="one length or a comma-separated sweep, e.g. 64,256,1024")
-    parser.add_argument("--runs", type=int, default=3, help="timed repetitions per prompt (medians reported)")
+    parser.add_argument("--runs", type=positive_int, default=3, help="timed repetitions per prompt (medians reported)")
     parser.add_argument("--ignore_eos", action="store_true", help="always generate max_new_tokens (both decoders)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto: each side in its fastest dtype here; bf16 | fp16 | "
@@ -56,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline_dtype", default="auto",
                         help="plain decoding's dtype: auto (every dtype of the device that fits, the fastest in this run "
                         "counts; --dtype's where that is given) or bf16 | fp16 | fp32")
-    parser.add_argument("--threads", type=int, help="CPU threads (pin it: a busy second process skews timings)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (pin it: a busy second process skews timings)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
     return parser.parse_args(argv)
@@ -168,7 +170,7 @@ def plot(results: dict, path: str) -> None:
     ax.set_title(f"Medusa vs plain decoding: {results['config']['model']}", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    replace_atomic(path, lambda staging: fig.savefig(staging, dpi=120, format="png"))
     plt.close(fig)
 
 
@@ -199,9 +201,12 @@ def fastest_baseline(rates: dict[str, float]) -> str:
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
-    lengths = sorted({int(x) for x in str(args.max_new_tokens).split(",") if x.strip()})
-    if not lengths or min(lengths) < 1 or args.runs < 1:
-        raise UserError("--max_new_tokens needs positive lengths and --runs at least 1")
+    try:
+        lengths = sorted({int(x) for x in str(args.max_new_tokens).split(",") if x.strip()})
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise UserError(f"--max_new_tokens {args.max_new_tokens}: give positive lengths, e.g. 128 or 64,256")
     set_threads(args.threads)
     device = resolve_device(args.device)
     medusa = load_medusa(args, device)
@@ -281,13 +286,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     def body():
+        plot_path = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
+        for flag, path in (("--out", args.out), ("--plot", plot_path)):
+            if path:
+                check_output_file(path, flag)
         results = run(args)
         print_table(results)
         if args.out:
-            Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-            plot(results, args.plot or str(Path(args.out).with_suffix(".png")))
-        elif args.plot:
-            plot(results, args.plot)
+            write_atomic(args.out, json.dumps(results, indent=2) + "\n")
+        if plot_path:
+            plot(results, plot_path)
 
     return run_command(body, "interrupted: no results written")
 

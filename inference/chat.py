@@ -42,9 +42,11 @@ def read_prompts(path: str) -> list[dict]:
         if isinstance(record, dict) and isinstance(record.get("prompt"), str):
             turns = [record["prompt"]]
         elif isinstance(record, dict) and isinstance(record.get("turns"), list) and record["turns"]:
-            turns = [str(t) for t in record["turns"]]
+            turns = record["turns"]
         else:
             raise UserError(f"{path}:{number} needs a 'prompt' string or a non-empty 'turns' list")
+        if not all(isinstance(turn, str) and turn.strip() for turn in turns):
+            raise UserError(f"{path}:{number}: every prompt and turn must be a non-empty string")
         items.append({**{k: v for k, v in record.items() if k not in ("prompt", "turns")}, "turns": turns})
     if not items:
         raise UserError(f"prompt file {path} holds no prompts")

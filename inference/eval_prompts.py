@@ -14,23 +14,24 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
+from inference.arguments import ArgumentParser, non_negative_int
 from inference.benchmark import load_benchmark_prompts
 from inference.errors import UserError, run_command
 from inference.jsonl import jsonl_lines
+from inference.outputs import check_output_file, write_atomic
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mt_bench", help="MT-Bench questions jsonl (question_id, category, turns); first turns are used")
-    parser.add_argument("--per_category", type=int, default=3, help="MT-Bench questions per category")
-    parser.add_argument("--skip_per_category", type=int, default=0,
+    parser.add_argument("--per_category", type=non_negative_int, default=3, help="MT-Bench questions per category")
+    parser.add_argument("--skip_per_category", type=non_negative_int, default=0,
                         help="MT-Bench questions skipped first in each category (a second set that does not "
                         "overlap the first)")
     parser.add_argument("--builtin", action="store_true", help="add benchmark.py's built-in prompts")
     parser.add_argument("--gsm8k", help="GSM8K test jsonl (question, answer)")
-    parser.add_argument("--gsm8k_count", type=int, default=6, help="GSM8K questions, in file order")
-    parser.add_argument("--gsm8k_skip", type=int, default=0, help="GSM8K questions skipped first")
+    parser.add_argument("--gsm8k_count", type=non_negative_int, default=6, help="GSM8K questions, in file order")
+    parser.add_argument("--gsm8k_skip", type=non_negative_int, default=0, help="GSM8K questions skipped first")
     parser.add_argument("--out", required=True, help="jsonl of {category, prompt} for benchmark.py --prompts")
     return parser.parse_args(argv)
 
@@ -70,16 +71,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     def body():
-        if min(args.per_category, args.skip_per_category, args.gsm8k_count, args.gsm8k_skip) < 0:
-            raise UserError("counts and skips must not be negative")
+        check_output_file(args.out)
         prompts = mt_bench_prompts(args.mt_bench, args.per_category, args.skip_per_category) if args.mt_bench else []
         prompts += load_benchmark_prompts(None, None) if args.builtin else []
         prompts += gsm8k_prompts(args.gsm8k, args.gsm8k_count, args.gsm8k_skip) if args.gsm8k else []
         if not prompts:
             raise UserError("no prompts chosen: give --mt_bench, --builtin or --gsm8k")
-        with open(args.out, "w", encoding="utf-8") as file:
-            for prompt in prompts:
-                file.write(json.dumps(prompt, ensure_ascii=False) + "\n")
+        write_atomic(args.out, "".join(json.dumps(prompt, ensure_ascii=False) + "\n" for prompt in prompts))
         counts = Counter(prompt["category"] for prompt in prompts)
         summary = ", ".join(f"{category} {count}" for category, count in counts.items())
         print(f"{len(prompts)} prompts in {args.out} ({summary})", file=sys.stderr)

@@ -14,6 +14,7 @@ Acceptance rules:
 - typical: Medusa's typical acceptance (posterior_threshold, posterior_alpha); faster, lossy.
 """
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ from inference.kv_cache import KVBuffer
 from inference.npu_attention import NPU_ATTENTION
 from inference.sampling import Sampling, choose_tokens, probabilities
 from inference.tree_buffers import TreeBuffers, TreeMask, build_tree_buffers
-from medusa_choices import DynamicTree, Tree
+from medusa_choices import DynamicTree, Tree, TreeError
 
 ACCEPTANCE_RULES = ("greedy", "sample", "typical")
 
@@ -43,6 +44,9 @@ class Acceptance:
     def __post_init__(self):
         if self.rule not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}")
+        for name in ("posterior_threshold", "posterior_alpha"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {getattr(self, name)}")
 
 
 def default_rule(temperature: float) -> str:
@@ -82,7 +86,8 @@ class MedusaDecoder:
         if key not in self._buffers:
             buffers = build_tree_buffers(tree, self.base_model.device)
             if buffers.depth > self.heads.num_heads:
-                raise ValueError(f"the tree is {buffers.depth} levels deep but there are {self.heads.num_heads} heads")
+                raise TreeError(f"the tree is {buffers.depth} levels deep but there are {self.heads.num_heads} heads")
+            self.heads.check_top_k(buffers.topk)
             self._buffers[key] = buffers
         return self._buffers[key]
 
@@ -145,6 +150,7 @@ class MedusaDecoder:
         proposal_lm_head = self.proposal_lm_head()
         if isinstance(tree, DynamicTree):
             tree.checked(self.heads.num_heads)
+            self.heads.check_top_k(tree.top_k)
             depth = tree.depth(self.heads.num_heads)
 
             def draft_dynamic(root, hidden=None, head_logits=None, guess=([], [])):

@@ -11,6 +11,7 @@ output with --acceptance sample. --acceptance typical is Medusa's faster, lossy 
 
 import sys
 
+from inference.arguments import non_negative_float
 from inference.cli import Session, base_parser, run_cli
 from inference.errors import UserError
 from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
@@ -35,8 +36,10 @@ def build_parser():
     medusa.add_argument("--acceptance", choices=ACCEPTANCE_RULES,
                         help="greedy (exact), sample (lossless sampling), typical (lossy); default: greedy when "
                         "--temperature is 0, else sample")
-    medusa.add_argument("--posterior_threshold", type=float, default=0.09, help="typical acceptance: threshold")
-    medusa.add_argument("--posterior_alpha", type=float, default=0.3, help="typical acceptance: entropy factor")
+    medusa.add_argument("--posterior_threshold", type=non_negative_float, default=0.09,
+                        help="typical acceptance: threshold")
+    medusa.add_argument("--posterior_alpha", type=non_negative_float, default=0.3,
+                        help="typical acceptance: entropy factor")
     return parser
 
 

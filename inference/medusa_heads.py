@@ -39,6 +39,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from inference.outputs import replace_atomic, write_atomic
+from medusa_choices import TreeError
+
 LAYOUTS = ("shared_lm_head", "own_lm_head")
 HEAD_INPUTS = ("hidden", "hidden_and_next_token", "hidden_and_path")
 HEADS_WEIGHTS = "medusa_lm_head.safetensors"
@@ -67,6 +70,18 @@ class MedusaConfig:
     medusa_head_accuracy: list | None = None
 
     def __post_init__(self):
+        for name in ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size", "medusa_draft_vocab_size"):
+            value = getattr(self, name)
+            optional = name not in ("medusa_num_heads", "medusa_num_layers")
+            if not (isinstance(value, int) and not isinstance(value, bool)) and not (optional and value is None):
+                raise MedusaLoadError(f"{name} must be an integer, not {value!r}")
+        for name in ("medusa_head_layout", "medusa_head_input"):
+            if not isinstance(getattr(self, name), str):
+                raise MedusaLoadError(f"{name} must be a string, not {getattr(self, name)!r}")
+        if self.medusa_choices is not None and not isinstance(self.medusa_choices, (str, list)):
+            raise MedusaLoadError(f"medusa_choices must be a tree name or a list of rank paths, not {self.medusa_choices!r}")
+        if self.medusa_head_accuracy is not None:
+            check_accuracy_table(self.medusa_head_accuracy)
         if self.medusa_head_layout not in LAYOUTS:
             raise MedusaLoadError(f"medusa_head_layout must be one of {LAYOUTS}, not {self.medusa_head_layout!r}")
         if self.medusa_head_input not in HEAD_INPUTS:
@@ -94,6 +109,15 @@ class MedusaConfig:
         if data["medusa_head_input"] == "hidden":
             del data["medusa_head_input"]
         return data
+
+
+def check_accuracy_table(table) -> None:
+    """`medusa_head_accuracy` as the tree builder writes it: per head, per rank, a fraction in [0, 1]."""
+    rows_ok = isinstance(table, list) and table and all(isinstance(row, list) and row for row in table)
+    if not rows_ok or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1
+                              for row in table for a in row):
+        raise MedusaLoadError("medusa_head_accuracy must be a non-empty list (one per head) of non-empty lists of "
+                              f"fractions in [0, 1] (per rank), as train/medusa_tree_builder.py writes it; got {table!r:.80}")
 
 
 class ResBlock(nn.Module):
@@ -140,6 +164,7 @@ class MedusaHeads(nn.ModuleList):
             for tokens in reads
         )
         self.config = config
+        self.vocab_size = vocab_size
         self.own_lm_head = own
         self.tokens_read = reads
         self.reads_tokens = any(reads)
@@ -152,6 +177,17 @@ class MedusaHeads(nn.ModuleList):
     @property
     def num_heads(self) -> int:
         return len(self)
+
+    @property
+    def proposal_size(self) -> int:
+        """How many tokens the heads rank: their draft vocabulary's, else the whole vocabulary."""
+        return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)
+
+    def check_top_k(self, top_k: int) -> None:
+        """A tree that takes the heads' top `top_k` proposals somewhere must find that many ranked tokens."""
+        if top_k > self.proposal_size:
+            raise TreeError(f"the tree takes the heads' top {top_k} proposals, but they rank only "
+                            f"{self.proposal_size} tokens{' (their draft vocabulary)' if self.draft_vocab is not None else ''}")
 
     @property
     def propose_after_verification(self) -> bool:
@@ -225,7 +261,7 @@ def read_medusa_config(directory: Path) -> MedusaConfig | None:
                 data = json.loads(path.read_text())
             except json.JSONDecodeError as error:
                 raise MedusaLoadError(f"{path} is not valid JSON: {error}") from None
-            if "medusa_num_heads" in data:
+            if isinstance(data, dict) and "medusa_num_heads" in data:
                 return MedusaConfig.from_dict(data)
     return None
 
@@ -280,7 +316,14 @@ def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as error:
             raise MedusaLoadError(f"{directory / HEADS_WEIGHTS} is unreadable: {error}") from None
     if (directory / HEADS_WEIGHTS_PT).is_file():
-        return torch.load(directory / HEADS_WEIGHTS_PT, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(directory / HEADS_WEIGHTS_PT, map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated or not a torch file: torch raises several kinds
+            raise MedusaLoadError(f"{directory / HEADS_WEIGHTS_PT} is unreadable: {type(error).__name__}: "
+                                  f"{str(error).splitlines()[0] if str(error) else ''}") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise MedusaLoadError(f"{directory / HEADS_WEIGHTS_PT} does not hold a state dict of tensors")
+        return state
     raise MedusaLoadError(f"no Medusa head weights ({HEADS_WEIGHTS} or {HEADS_WEIGHTS_PT}) in {directory}")
 
 
@@ -329,13 +372,16 @@ def heads_from_state(config: MedusaConfig, state: dict[str, torch.Tensor], hidde
 
 
 def save_heads(heads: MedusaHeads, directory: str | os.PathLike, combined: bool = False) -> None:
-    """Write heads as safetensors + config; `combined` puts the config in medusa_config.json (beside a base)."""
+    """Write heads as safetensors + config; `combined` puts the config in medusa_config.json (beside a base).
+    Each file is replaced atomically, the config last: an interrupted save leaves the old heads loadable."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    save_file(state, str(directory / HEADS_WEIGHTS), metadata={"format": "pt"})
-    (directory / (COMBINED_CONFIG if combined else "config.json")).write_text(
-        json.dumps(heads.config.to_dict(), indent=2) + "\n"
-    )
+    replace_atomic(directory / HEADS_WEIGHTS, lambda staging: save_file(state, str(staging), metadata={"format": "pt"}))
+    write_heads_config(heads.config, directory / (COMBINED_CONFIG if combined else "config.json"))
+
+
+def write_heads_config(config: MedusaConfig, path: str | os.PathLike) -> None:
+    write_atomic(path, json.dumps(config.to_dict(), indent=2) + "\n")

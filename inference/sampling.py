@@ -1,5 +1,6 @@
 """Turning logits into tokens: greedy, or temperature / top-p sampling."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -11,10 +12,10 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, not {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
 
     @property
     def greedy(self) -> bool:

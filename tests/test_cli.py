@@ -1,11 +1,13 @@
 """The command lines: JSON output, prompt files, and one clear error line (no traceback) on bad input."""
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from inference import generate, medusa_generate
-from medusa_helpers import random_heads
+from medusa_helpers import random_heads, upper_half_vocab
 from medusa_model import save_heads
 
 
@@ -132,3 +134,165 @@ def test_bad_input_is_one_clear_line_and_exit_2(tiny_pangu, tmp_path, capsys, ma
     error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(error_lines) == 1 and message in error_lines[0]
     assert "Traceback" not in err
+
+
+def command(name):
+    """The main() of a command line by its module name (imported here: train/ needs its extras only when run)."""
+    import importlib
+
+    return importlib.import_module(name).main
+
+
+ARGUMENT_ERRORS = [
+    ("inference.medusa_generate", ["--temperature", "nan"], "nan is not a finite number >= 0"),
+    ("inference.medusa_generate", ["--temperature", "inf"], "is not a finite number >= 0"),
+    ("inference.medusa_generate", ["--temperature", "-1"], "-1 is not a finite number >= 0"),
+    ("inference.generate", ["--top_p", "0"], "0 is not in (0, 1]"),
+    ("inference.generate", ["--top_p", "2"], "2 is not in (0, 1]"),
+    ("inference.generate", ["--max_new_tokens", "0"], "0 is not a positive integer"),
+    ("inference.generate", ["--prompt", "   "], "--prompt is empty"),
+    ("inference.medusa_generate", ["--posterior_threshold", "-1"], "is not a finite number >= 0"),
+    ("inference.medusa_generate", ["--acceptance", "exact"], "invalid choice: 'exact'"),
+    ("inference.benchmark", ["--num_prompts", "0"], "0 is not a positive integer"),
+    ("inference.benchmark", ["--num_prompts", "-1"], "-1 is not a positive integer"),
+    ("inference.benchmark", ["--runs", "two"], "'two' is not an integer"),
+    ("inference.eval_prompts", [], "the following arguments are required: --out"),
+    ("inference.convert_medusa", ["--out", "x"], "the following arguments are required: --layout"),
+    ("train.gen_distill_data", ["--out", "x.jsonl", "--temperature", "-1"], "-1 is not a finite number >= 0"),
+    ("train.gen_distill_data", ["--out", "x.jsonl", "--batch_size", "0"], "0 is not a positive integer"),
+    ("train.train_medusa", ["--data", "d", "--out", "o", "--eval_fraction", "1.5"], "1.5 is not in [0, 1)"),
+    ("train.train_medusa", ["--data", "d", "--out", "o", "--num_heads", "0"], "0 is not a positive integer"),
+    ("train.medusa_tree_builder", ["--heads", "h", "--data", "d", "--out", "o", "--top_k", "0"],
+     "0 is not a positive integer"),
+    ("train.export_checkpoint", [], "the following arguments are required"),
+]
+
+
+@pytest.mark.parametrize("module,argv,message", ARGUMENT_ERRORS,
+                         ids=[f"{m.split('.')[-1]}-{' '.join(a)}" for m, a, _ in ARGUMENT_ERRORS])
+def test_a_bad_argument_is_one_error_line_without_a_usage_block(capsys, module, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        command(module)(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+def bad_heads(tmp_path, model, case: str) -> str:
+    """A heads directory broken in one way."""
+    heads = tmp_path / "heads"
+    save_heads(random_heads(model, num_heads=2), heads)
+    config = json.loads((heads / "config.json").read_text())
+    fields = {"heads_as_text": {"medusa_num_heads": "5"}, "heads_as_float": {"medusa_num_heads": 5.0},
+              "layers_as_word": {"medusa_num_layers": "two"}, "empty_accuracy": {"medusa_head_accuracy": []},
+              "text_accuracy": {"medusa_head_accuracy": "abc"}, "tree_as_number": {"medusa_choices": 3}}
+    if case in fields:
+        (heads / "config.json").write_text(json.dumps(config | fields[case]))
+    elif case == "truncated_pt":
+        torch.save(random_heads(model, num_heads=2).state_dict(), heads / "medusa_lm_head.pt")
+        (heads / "medusa_lm_head.safetensors").unlink()
+        data = (heads / "medusa_lm_head.pt").read_bytes()
+        (heads / "medusa_lm_head.pt").write_bytes(data[: len(data) // 2])
+    elif case == "truncated_safetensors":
+        data = (heads / "medusa_lm_head.safetensors").read_bytes()
+        (heads / "medusa_lm_head.safetensors").write_bytes(data[: len(data) // 2])
+    return str(heads)
+
+
+BAD_HEADS = [("heads_as_text", "medusa_num_heads must be an integer"),
+             ("heads_as_float", "medusa_num_heads must be an integer"),
+             ("layers_as_word", "medusa_num_layers must be an integer"),
+             ("empty_accuracy", "medusa_head_accuracy must be a non-empty list"),
+             ("text_accuracy", "medusa_head_accuracy must be a non-empty list"),
+             ("tree_as_number", "medusa_choices must be a tree name or a list"),
+             ("truncated_pt", "medusa_lm_head.pt is unreadable"),
+             ("truncated_safetensors", "medusa_lm_head.safetensors is unreadable")]
+
+
+@pytest.mark.parametrize("case,message", BAD_HEADS, ids=[case for case, _ in BAD_HEADS])
+def test_broken_heads_are_one_clear_line(tiny_pangu, tmp_path, capsys, case, message):
+    directory, model = tiny_pangu
+    code, out, err = run(medusa_generate.main, ["--base_model", str(directory), "--medusa_dir",
+                                                bad_heads(tmp_path, model, case), "--dtype", "fp32"], capsys)
+    error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(error_lines) == 1 and message in error_lines[0], err
+    assert "Traceback" not in err
+
+
+BAD_TREES_AND_PROMPTS = [
+    (["--medusa_choices", "TREE:[[300]]"], "top 301 proposals, but they rank only 197 tokens"),
+    (["--medusa_choices", "dynamic:8:lookup=999"], "does not fit in 8 nodes"),
+    (["--medusa_choices", "TREE:[[true], [false]]"], "is not a non-empty list of non-negative integer ranks"),
+    (["--prompts", "PROMPTS:{\"turns\": [null, 3]}"], "every prompt and turn must be a non-empty string"),
+    (["--prompts", "PROMPTS:{\"prompt\": \"  \"}"], "every prompt and turn must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD_TREES_AND_PROMPTS, ids=[" ".join(e) for e, _ in BAD_TREES_AND_PROMPTS])
+def test_bad_trees_and_prompt_files_are_one_clear_line(tiny_pangu, tmp_path, capsys, extra, message):
+    directory, model = tiny_pangu
+    heads = tmp_path / "heads"
+    save_heads(random_heads(model, num_heads=2, head_input="hidden_and_path", draft_vocab=upper_half_vocab(model)), heads)
+    argv = []
+    for value in extra:
+        kind, _, content = value.partition(":")
+        if kind in ("TREE", "PROMPTS"):
+            value = str(tmp_path / ("tree.json" if kind == "TREE" else "prompts.jsonl"))
+            Path(value).write_text(content + "\n")
+        argv.append(value)
+    code, out, err = run(medusa_generate.main, ["--base_model", str(directory), "--medusa_dir", str(heads),
+                                                "--dtype", "fp32", "--max_new_tokens", "4", *argv], capsys)
+    error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(error_lines) == 1 and message in error_lines[0], err
+
+
+def base_model_copy(directory, target):
+    target.mkdir()
+    (target / "config.json").write_text((directory / "config.json").read_text())
+    return target
+
+
+OUT_ERRORS = [
+    ("inference.benchmark", ["--out", "DIR"], "is a directory; a file name was expected"),
+    ("inference.benchmark", ["--out", "FILE/x.json"], "is a file, not a directory"),
+    ("inference.eval_prompts", ["--builtin", "--out", "DIR"], "is a directory; a file name was expected"),
+    ("inference.convert_medusa", ["--layout", "heads", "--out", "BASE"], "holds a base model"),
+    ("inference.convert_medusa", ["--layout", "vllm", "--out", "FILE"], "is a file; a directory was expected"),
+    ("train.train_medusa", ["--data", "d.jsonl", "--out", "FILE"], "is a file; a directory was expected"),
+    ("train.train_medusa", ["--data", "d.jsonl", "--out", "BASE"], "holds a base model"),
+    ("train.gen_distill_data", ["--out", "DIR"], "is a directory; a file name was expected"),
+    ("train.medusa_tree_builder", ["--heads", "h", "--data", "d.jsonl", "--out", "DIR"], "is a directory"),
+    ("train.export_checkpoint", ["--checkpoint", "c", "--out", "BASE"], "holds a base model"),
+]
+
+
+@pytest.mark.parametrize("module,argv,message", OUT_ERRORS, ids=[f"{m.split('.')[-1]}-{' '.join(a)}" for m, a, _ in OUT_ERRORS])
+def test_an_output_that_cannot_or_must_not_be_written_is_refused_before_any_work(tiny_pangu, tmp_path, capsys,
+                                                                                module, argv, message):
+    (tmp_path / "FILE").write_text("")
+    (tmp_path / "DIR").mkdir()
+    base_model_copy(tiny_pangu[0], tmp_path / "BASE")
+    argv = [str(tmp_path / a) if a.split("/")[0] in ("FILE", "DIR", "BASE") else a for a in argv]
+    code, out, err = run(command(module), ["--base_model", str(tiny_pangu[0])] * module.startswith(("inference.bench",
+                                                                                                   "inference.conv"))
+                         + argv, capsys)
+    assert code == 2 and err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "BASE" / "config.json").read_text() == (tiny_pangu[0] / "config.json").read_text()
+
+
+def test_distillation_past_the_context_is_refused_before_it_starts(tiny_pangu, tmp_path, capsys):
+    code, out, err = run(command("train.gen_distill_data"), ["--base_model", str(tiny_pangu[0]), "--out",
+                                                             str(tmp_path / "d.jsonl"), "--max_prompt_tokens", "100000",
+                                                             "--dtype", "fp32"], capsys)
+    error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(error_lines) == 1 and "exceeds the model's context" in error_lines[0]
+    assert not (tmp_path / "d.jsonl").exists()
+
+
+def test_an_unwritable_home_is_one_line_before_the_demo_model_is_converted(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("OPENPANGU_MEDUSA_HOME", str(tmp_path / "a_file" / "home"))
+    code, out, err = run(generate.main, ["--prompt", "hi"], capsys)
+    error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(error_lines) == 1 and "cannot prepare the demo model" in error_lines[0]
+    assert "OPENPANGU_MEDUSA_HOME" in error_lines[0] and "Preparing" not in err

@@ -33,7 +33,8 @@ def reference(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def assert_matches_f_linear(mlp: nn.Module, x: torch.Tensor) -> None:
     with torch.inference_mode():
-        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-2, rtol=1e-2)
+        # bit-identical where measured; a 0.5% error (one bf16 step or more) fails
+        torch.testing.assert_close(mlp(x), reference(mlp, x), atol=1e-3, rtol=1e-3)
 
 
 def packed_after_one_forward() -> tuple[nn.Module, torch.Tensor]:

@@ -114,3 +114,12 @@ def test_best_tree_is_prefix_closed_and_prefers_likely_paths():
 def test_expected_accepted_counts_unmeasured_ranks_and_levels_as_never_right():
     accuracy = [[0.5, 0.25], [0.5]]
     assert expected_accepted([[0], [5], [0, 0], [0, 3], [0, 0, 0]], accuracy) == pytest.approx(0.5 + 0.25)
+
+
+@pytest.mark.parametrize("step_ms,uses_medusa", [(1.5 * 10 / 1.25, True), (1.5 * 10 / 1.15, False)])
+def test_medusa_is_used_from_an_expected_speedup_of_one_point_two(step_ms, uses_medusa):
+    """One head right half the time: a 2-token step yields 1.5 tokens, so its speed-up is 15 ms / step ms."""
+    profile = StepProfile({"fp32": 10.0}, {"fp32": {2: step_ms}}, "a CPU")
+    choice = choose_runtime(profile, 1, [[0.5]])
+    assert (choice.tree is not None) == uses_medusa
+    assert choice.expected_speedup == pytest.approx(1.25 if uses_medusa else 1.0)

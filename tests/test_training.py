@@ -3,6 +3,7 @@
 import gzip
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,10 @@ from inference.errors import UserError
 from inference.loading import load_causal_lm
 from inference.decoding import DecodeRequest
 from inference.medusa_decoding import MedusaDecoder
+from inference.outputs import exclusive
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
-from medusa_model import load_heads
+from medusa_model import load_heads, save_heads
 from train import draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
 from train import medusa_training
 from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
@@ -78,6 +80,23 @@ def test_a_kill_while_resume_rewrites_the_data_loses_no_sample(tmp_path, monkeyp
     assert path.read_text(encoding="utf-8") == original
     assert gen_distill_data.done_indices(path) == {0, 1, 2}
     assert path.read_text(encoding="utf-8") == complete
+
+
+def test_a_kill_between_the_rewrite_and_its_rename_loses_no_sample(tmp_path, monkeypatch):
+    records = [{"index": i, "prompt_ids": [1, 2], "output_ids": [3, 4, 5], "text": str(i)} for i in range(3)]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"index": 3, "prompt', encoding="utf-8")
+    original = path.read_text(encoding="utf-8")
+
+    def killed_before_the_rename(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", killed_before_the_rename)
+        with pytest.raises(KeyboardInterrupt):
+            gen_distill_data.done_indices(path)
+    assert path.read_text(encoding="utf-8") == original
+    assert gen_distill_data.done_indices(path) == {0, 1, 2}
 
 
 def test_records_with_unicode_line_separators_are_read_whole_and_kept_on_resume(tmp_path):
@@ -143,6 +162,37 @@ def test_distillation_range_past_the_last_prompt_is_an_error(distilled, tmp_path
     assert gen_distill_data.main(["--base_model", str(directory), "--prompts", str(data.parent / "prompts.jsonl"),
                                   "--out", str(out), "--skip", "12", "--max_new_tokens", "4", "--dtype", "fp32"]) == 2
     assert "no prompts from index 12" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_second_distillation_into_one_file_stops_with_the_reason(distilled, capsys):
+    directory, data = distilled
+    before = data.read_text()
+    with exclusive(data):  # a first run still writing
+        assert gen_distill_data.main(["--base_model", str(directory), "--prompts", str(data.parent / "prompts.jsonl"),
+                                      "--out", str(data), "--max_samples", "12", "--dtype", "fp32"]) == 2
+    assert "another gen_distill_data.py is writing" in capsys.readouterr().err and data.read_text() == before
+
+
+def test_an_interrupted_training_leaves_the_heads_in_its_out_as_they_were(distilled, tmp_path, monkeypatch, capsys):
+    from transformers import Trainer
+
+    directory, data = distilled
+    out = tmp_path / "heads"
+    common = ["--base_model", str(directory), "--data", str(data), "--out", str(out), "--cache_hidden",
+              "--batch_size", "32", "--dtype", "fp32", "--epochs", "1"]
+    assert train_medusa.main(common + ["--num_heads", "2"]) == 0
+    files = {name: (out / name).read_bytes() for name in ("config.json", "medusa_lm_head.safetensors")}
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train", interrupted)
+    assert train_medusa.main(common + ["--num_heads", "3", "--head_input", "hidden_and_path"]) == 130
+    assert "--resume" in capsys.readouterr().err
+    assert {name: (out / name).read_bytes() for name in files} == files
+    config = json.loads(files["config.json"])
+    assert load_heads(out, config["hidden_size"], config["vocab_size"]).num_heads == 2
+    assert json.loads((out / "medusa_run_config.json").read_text())["medusa_num_heads"] == 3  # for --resume, export
 
 
 @pytest.mark.parametrize("head_input,options", [
@@ -273,6 +323,20 @@ def test_hidden_states_are_cached_beside_the_data_and_remade_when_it_changes(dis
     assert len(medusa_training.cached_answer_hidden_states(model, data, fewer, 2048)) == len(fewer) == 4
 
 
+def test_a_corrupt_hidden_state_cache_is_made_again_with_a_notice(distilled, tiny_pangu, tmp_path, capsys):
+    model = tiny_pangu[1]
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(distilled[1].read_bytes())
+    samples = read_samples(data)
+    first = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    cache = tmp_path / "data.jsonl.hidden.pt"
+    cache.write_bytes(cache.read_bytes()[:100])
+    again = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert "is unreadable" in capsys.readouterr().err
+    assert medusa_training.cached_answer_hidden_states(model, data, samples, 2048)  # the remade cache reads
+
+
 def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu):
     model = tiny_pangu[1]
     vocab = model.config.vocab_size
@@ -360,3 +424,15 @@ def test_tree_builder_records_its_tree_in_a_combined_directory_where_it_is_read(
     loaded = MedusaModel.from_pretrained(str(combined), device="cpu", dtype="fp32", tree="heads")
     assert loaded.tree == built["tree"]
     assert loaded.medusa_head.config.medusa_head_accuracy == built["head_rank_accuracy"]
+
+
+def test_tree_builder_refuses_more_ranks_than_the_heads_propose_from(distilled, tmp_path, capsys):
+    directory, data = distilled
+    model = load_causal_lm(directory, torch.device("cpu"), torch.float32)
+    heads = random_heads(model, num_heads=2, head_input="hidden_and_path", draft_vocab=list(range(40)))
+    save_heads(heads, tmp_path / "heads")
+    assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(tmp_path / "heads"), "--data",
+                                     str(data), "--out", str(tmp_path / "t.json"), "--top_k", "41",
+                                     "--dtype", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --top_k 41 is more ranks than the heads have (40 tokens" in err and "Traceback" not in err

@@ -41,6 +41,21 @@ def test_a_name_vllm_would_drop_or_miss_is_an_error(tiny_pangu, tmp_path):
         check_vllm_names(tmp_path)
 
 
+def test_an_extra_tensor_alone_or_a_missing_one_alone_is_an_error(tiny_pangu, tmp_path):
+    model = tiny_pangu[1]
+    export_vllm(random_heads(model, num_heads=2), model.lm_head, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    state = load_file(str(weights))
+    save_file(state | {"token_map": torch.arange(4)}, str(weights))
+    with pytest.raises(VllmExportError, match=r"drop \['token_map'\] and leave \[\] uninitialised"):
+        check_vllm_names(tmp_path)
+    save_file({k: v for k, v in state.items() if k != "blocks.1.layers.0.bias"}, str(weights))
+    with pytest.raises(VllmExportError, match=r"drop \[\] and leave \['blocks.1.layers.0.bias'\] uninitialised"):
+        check_vllm_names(tmp_path)
+    save_file(state, str(weights))
+    check_vllm_names(tmp_path)
+
+
 @pytest.mark.parametrize("head_input", ["hidden_and_next_token", "hidden_and_path"])
 def test_heads_that_read_tokens_are_refused_with_what_vllm_supports(tiny_pangu, tmp_path, head_input):
     model = tiny_pangu[1]

@@ -12,13 +12,13 @@ Heads that already carry a draft vocabulary are refused: heads trained over one 
 scored.
 """
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from inference.arguments import ArgumentParser, positive_int
 from inference.errors import UserError, run_command
 from inference.loading import resolve_model_dir
 from inference.medusa_heads import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint, load_heads,
@@ -27,10 +27,10 @@ from train.medusa_training import draft_vocabulary, read_samples
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, help="heads directory to update in place (train_medusa.py --out)")
     parser.add_argument("--data", required=True, help="distillation JSONL the frequencies are counted on")
-    parser.add_argument("--size", type=int, default=8192, help="tokens kept (fewer if the data has fewer distinct ones)")
+    parser.add_argument("--size", type=positive_int, default=8192, help="tokens kept (fewer if the data has fewer distinct ones)")
     return parser.parse_args(argv)
 
 

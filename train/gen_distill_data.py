@@ -7,9 +7,7 @@ so an interrupted run resumes where it stopped without losing or duplicating sam
     python train/gen_distill_data.py --out data/distill.jsonl --max_samples 2000 --max_new_tokens 192
 """
 
-import argparse
 import json
-import os
 import sys
 from itertools import islice
 from pathlib import Path
@@ -18,31 +16,36 @@ import torch
 
 from inference.chat import prompt_ids
 from inference.decoding import eos_ids
+from inference.arguments import ArgumentParser, non_negative_float, non_negative_int, positive_int
 from inference.errors import UserError, run_command
 from inference.jsonl import jsonl_lines
 from inference.loading import load_base_from_args
+from inference.outputs import check_output_file, exclusive, write_atomic
 from train.prompt_sources import SHAREGPT, iter_prompts
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--prompts", default=SHAREGPT,
                         help="PyPI packages: 'sharegpt' (first human turn of each conversation), "
                         "'sharegpt-later-turns' (every other human turn, asked on its own) or 'humaneval'; "
                         "or a ShareGPT .json, or a jsonl")
     parser.add_argument("--out", required=True, help="JSONL to append to (resumed if it exists)")
-    parser.add_argument("--max_samples", type=int, default=1000, help="stop after this many records in --out")
-    parser.add_argument("--skip", type=int, default=0, help="skip the first N prompts (e.g. to make a held-out set)")
-    parser.add_argument("--stop", type=int, help="use only prompts before this index (keeps a held-out range untouched)")
-    parser.add_argument("--max_prompt_tokens", type=int, default=384, help="skip longer prompts")
-    parser.add_argument("--max_new_tokens", type=int, default=192)
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--max_samples", type=positive_int, default=1000, help="stop after this many records in --out")
+    parser.add_argument("--skip", type=non_negative_int, default=0,
+                        help="skip the first N prompts (e.g. to make a held-out set)")
+    parser.add_argument("--stop", type=positive_int,
+                        help="use only prompts before this index (keeps a held-out range untouched)")
+    parser.add_argument("--max_prompt_tokens", type=positive_int, default=384,
+                        help="skip longer prompts (with --max_new_tokens, at most the model's context)")
+    parser.add_argument("--max_new_tokens", type=positive_int, default=192)
+    parser.add_argument("--batch_size", type=positive_int, default=8)
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--no_think", action="store_true", help="OpenPangu: answer without thinking")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=positive_int)
     return parser.parse_args(argv)
 
 
@@ -59,9 +62,7 @@ def done_indices(path: Path) -> set[int]:
         except (json.JSONDecodeError, KeyError):
             torn = True
     if torn or not path.read_bytes().endswith(b"\n"):
-        staging = path.with_name(path.name + ".partial")
-        staging.write_text("".join(g + "\n" for g in good), encoding="utf-8")
-        os.replace(staging, path)
+        write_atomic(path, "".join(g + "\n" for g in good))
     return done
 
 
@@ -84,52 +85,65 @@ def answer_batch(model, tokenizer, batch: list[list[int]], max_new_tokens: int, 
     return answers
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def distill(args, out: Path) -> None:
+    """Answer the selected prompts into `out`, appending batch by batch and skipping those it holds."""
     from tqdm import tqdm
 
-    def body():
-        model, tokenizer, _ = load_base_from_args(args)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        done = done_indices(out)
-        eos = list(eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id))
-        progress = tqdm(total=args.max_samples, initial=min(len(done), args.max_samples), desc="distill", unit="sample")
-        pending: list[tuple[int, str, list[int]]] = []
-        written = len(done)
+    model, tokenizer, _ = load_base_from_args(args)
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context and args.max_prompt_tokens + args.max_new_tokens > context:
+        raise UserError(f"--max_prompt_tokens {args.max_prompt_tokens} + --max_new_tokens {args.max_new_tokens} "
+                        f"exceeds the model's context of {context} positions")
+    done = done_indices(out)
+    eos = list(eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id))
+    progress = tqdm(total=args.max_samples, initial=min(len(done), args.max_samples), desc="distill", unit="sample")
+    pending: list[tuple[int, str, list[int]]] = []
+    written = len(done)
 
-        def flush():
-            nonlocal written
-            answers = answer_batch(model, tokenizer, [p[2] for p in pending], args.max_new_tokens, args.temperature, eos)
-            with out.open("a", encoding="utf-8") as file:
-                for (index, prompt, ids), answer in zip(pending, answers):
-                    record = {"index": index, "prompt": prompt, "prompt_ids": ids, "output_ids": answer,
-                              "text": tokenizer.decode(answer, skip_special_tokens=True)}
-                    file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            written += len(pending)
-            progress.update(len(pending))
-            pending.clear()
+    def flush():
+        nonlocal written
+        answers = answer_batch(model, tokenizer, [p[2] for p in pending], args.max_new_tokens, args.temperature, eos)
+        with out.open("a", encoding="utf-8") as file:
+            for (index, prompt, ids), answer in zip(pending, answers):
+                record = {"index": index, "prompt": prompt, "prompt_ids": ids, "output_ids": answer,
+                          "text": tokenizer.decode(answer, skip_special_tokens=True)}
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        written += len(pending)
+        progress.update(len(pending))
+        pending.clear()
 
-        in_range = 0
-        for index, prompt in enumerate(islice(iter_prompts(args.prompts), args.skip, args.stop), start=args.skip):
-            in_range += 1
-            if written + len(pending) >= args.max_samples:
-                break
-            if index in done:
-                continue
-            ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt}], no_think=args.no_think)
-            if len(ids) > args.max_prompt_tokens:
-                continue
-            pending.append((index, prompt, ids))
-            if len(pending) == args.batch_size:
-                flush()
-        if pending:
+    in_range = 0
+    for index, prompt in enumerate(islice(iter_prompts(args.prompts), args.skip, args.stop), start=args.skip):
+        in_range += 1
+        if written + len(pending) >= args.max_samples:
+            break
+        if index in done:
+            continue
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt}], no_think=args.no_think)
+        if len(ids) > args.max_prompt_tokens:
+            continue
+        pending.append((index, prompt, ids))
+        if len(pending) == args.batch_size:
             flush()
-        progress.close()
-        if not in_range:  # e.g. a held-out split asked past the end of its source: say so, do not write nothing
-            raise UserError(f"{args.prompts} has no prompts from index {args.skip}"
-                            + (f" to {args.stop}" if args.stop is not None else "") + ": check --skip / --stop")
-        print(f"{written} samples in {out}", file=sys.stderr)
+    if pending:
+        flush()
+    progress.close()
+    if not in_range:  # e.g. a held-out split asked past the end of its source: say so, do not write nothing
+        raise UserError(f"{args.prompts} has no prompts from index {args.skip}"
+                        + (f" to {args.stop}" if args.stop is not None else "") + ": check --skip / --stop")
+    print(f"{written} samples in {out}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def body():
+        out = check_output_file(args.out)
+        if args.stop is not None and args.stop <= args.skip:
+            raise UserError(f"--stop {args.stop} must be above --skip {args.skip}")
+        with exclusive(out, busy=f"another gen_distill_data.py is writing {out}; wait for it, or write to "
+                                 "another --out (two writers would answer every prompt twice)"):
+            distill(args, out)
 
     return run_command(body, f"interrupted: {args.out} keeps every finished batch; rerun the same command to resume")
 

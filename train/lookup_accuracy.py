@@ -9,19 +9,19 @@ later token, given the ones before it were right).
     python train/lookup_accuracy.py --data data/heldout_sharegpt.jsonl
 """
 
-import argparse
 import sys
 from collections import Counter
 
 from inference.context_lookup import MAX_MATCH, ContextLookup
+from inference.arguments import ArgumentParser, positive_int
 from inference.errors import run_command
 from train.medusa_training import read_samples
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, nargs="+", help="held-out distillation JSONL (never trained on)")
-    parser.add_argument("--depth", type=int, default=8, help="guessed tokens scored per position")
+    parser.add_argument("--depth", type=positive_int, default=8, help="guessed tokens scored per position")
     return parser.parse_args(argv)
 
 

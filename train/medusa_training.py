@@ -9,7 +9,7 @@ t+2+i (its logits at position t+1+i, Hydra++'s teacher distillation), not only t
 """
 
 import json
-import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -19,8 +19,12 @@ from torch.utils.data import Dataset
 
 from inference.errors import UserError
 from inference.jsonl import jsonl_lines
+from inference.outputs import replace_atomic
 
 IGNORE = -100
+# The heads config of a training run, beside its checkpoints: config.json is written with the trained weights
+# only, so an interrupted run never leaves a new config beside old weights.
+RUN_CONFIG = "medusa_run_config.json"
 
 
 def read_samples(path: str | Path) -> list[dict]:
@@ -167,15 +171,18 @@ def cached_answer_hidden_states(base_model, data: Path, samples: list[dict], max
     and base model, else computed and saved there: resuming or retraining does not pay for the base again."""
     path, source = hidden_cache_path(data, base_model, max_length)
     if path.is_file():
-        cached = torch.load(path, map_location="cpu", weights_only=True)
-        if cached.get("source") == source and len(cached["rows"]) == len(samples):
-            if progress is not None:
-                progress.update(len(samples))
-            return cached["rows"]
+        try:
+            cached = torch.load(path, map_location="cpu", weights_only=True)
+            if cached.get("source") == source and len(cached["rows"]) == len(samples):
+                if progress is not None:
+                    progress.update(len(samples))
+                return cached["rows"]
+        except Exception as error:  # a corrupt cache (torch raises several kinds) is made again, not fatal
+            print(f"hidden-state cache {path} is unreadable ({type(error).__name__}): computing it again",
+                  file=sys.stderr)
     rows = answer_hidden_states(base_model, samples, max_length, progress)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # one per process (torchrun ranks)
-    torch.save({"source": source, "rows": rows}, partial)
-    partial.replace(path)  # a kill mid-write never leaves a torn cache behind
+    # a kill mid-write never leaves a torn cache; the staging file is per process (torchrun ranks)
+    replace_atomic(path, lambda staging: torch.save({"source": source, "rows": rows}, staging))
     return rows
 
 

@@ -13,37 +13,39 @@
     python train/medusa_tree_builder.py --heads train/demo_heads --data data/heldout.jsonl --out tree.json
 """
 
-import argparse
 import json
 import sys
 
 import torch
 
 from inference.calibration import interleaved_ms, step_runner
-from inference.errors import run_command
+from inference.arguments import ArgumentParser, positive_int
+from inference.errors import UserError, run_command
 from inference.loading import load_base_from_args
 from inference.medusa_decoding import MedusaDecoder
 from medusa_choices import DynamicTree, Tree, best_tree
 from medusa_model import resolve_sources
 from inference.medusa_heads import heads_config_path, load_heads
+from inference.outputs import check_output_file, write_atomic
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, help="trained heads directory")
     parser.add_argument("--data", required=True, help="held-out distillation JSONL (not used in training)")
     parser.add_argument("--out", required=True, help="JSON tree for --medusa_choices")
     parser.add_argument("--base_model", help="model directory or Hub id (default: the base the heads' config names, "
                         "else the embedded demo model)")
-    parser.add_argument("--max_samples", type=int, default=200)
-    parser.add_argument("--top_k", type=int, default=10, help="ranks considered per head")
+    parser.add_argument("--max_samples", type=positive_int, default=200)
+    parser.add_argument("--top_k", type=positive_int, default=10,
+                        help="ranks considered per head (at most the heads' draft vocabulary)")
     parser.add_argument("--budgets", default="1,2,3,4,6,8,12,16,24,32,48,63", help="tree sizes (nodes) to consider")
-    parser.add_argument("--context", type=int, default=256, help="cached tokens while timing forwards")
-    parser.add_argument("--repeats", type=int, default=7, help="timed rounds over all sizes (median per size)")
+    parser.add_argument("--context", type=positive_int, default=256, help="cached tokens while timing forwards")
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed rounds over all sizes (median per size)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=positive_int)
     parser.add_argument("--save_in_heads", action="store_true",
                         help="also record the chosen tree (their default with --medusa_choices heads: the fixed tree, "
                         "or a dynamic one of as many nodes where that gave more held-out tokens per step) and the "
@@ -95,18 +97,27 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     def body():
+        check_output_file(args.out)
+        try:
+            budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
+        except ValueError:
+            budgets = []
+        if not budgets or budgets[0] < 1:
+            raise UserError(f"--budgets {args.budgets}: give positive node counts, e.g. 4,8,16")
         # The base as everywhere else: --base_model, else the one the heads' config names (else the demo model)
         args.base_model, heads_dir = resolve_sources(args.base_model, args.heads)
         model, _, _ = load_base_from_args(args)
         device = model.device
         heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
         heads = heads.to(device=device, dtype=model.dtype).eval()
+        if args.top_k > heads.proposal_size:
+            raise UserError(f"--top_k {args.top_k} is more ranks than the heads have ({heads.proposal_size} tokens "
+                            "in their draft vocabulary)")
         samples = read_samples(args.data)[: args.max_samples]
         progress = tqdm(total=len(samples), desc="held-out hidden states", unit="sample", file=sys.stderr)
         hidden, targets, following_ids = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
         progress.close()
         accuracy = rank_accuracy(heads, model, hidden, targets, following_ids, args.top_k)
-        budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
         trees = {budget: best_tree(accuracy, budget) for budget in budgets}
         calls = args.repeats + 1
         runners = {"plain": step_runner(model, calls, context=args.context)}
@@ -145,9 +156,7 @@ def main(argv=None) -> int:
                   "head_rank_accuracy": [[round(a, 4) for a in row] for row in accuracy],
                   "held_out_tokens_per_step": held_out_tokens,
                   "candidates": [{k: v for k, v in c.items() if k != "tree"} for c in candidates]}
-        with open(args.out, "w") as file:
-            json.dump(result, file)
-            file.write("\n")
+        write_atomic(args.out, json.dumps(result) + "\n")
         if args.save_in_heads:
             config_path = heads_config_path(heads_dir)
             config = json.loads(config_path.read_text())
@@ -155,7 +164,7 @@ def main(argv=None) -> int:
             # saved with the default context lookup, which decoding has the text for
             config["medusa_choices"] = str(DynamicTree(best["budget"])) if dynamic_better else best["tree"]
             config["medusa_head_accuracy"] = result["head_rank_accuracy"]
-            config_path.write_text(json.dumps(config, indent=2) + "\n")
+            write_atomic(config_path, json.dumps(config, indent=2) + "\n")
             print(f"recorded in {config_path}: the {'dynamic' if dynamic_better else 'fixed'} {best['budget']}-node tree",
                   file=sys.stderr)
         print(f"tree of {best['budget']} nodes written to {args.out} "

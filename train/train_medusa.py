@@ -10,7 +10,6 @@ Per-head top-1/top-5 accuracy is logged; the heads are saved as safetensors + co
 inference/medusa_generate.py --medusa_dir loads directly.
 """
 
-import argparse
 import json
 import os
 import random
@@ -21,38 +20,43 @@ from pathlib import Path
 import torch
 
 from inference.demo_model import DEMO_NAME
+from inference.arguments import (ArgumentParser, fraction, non_negative_float, non_negative_int, positive_float,
+                                 positive_int)
 from inference.devices import resolve_device
 from inference.errors import UserError, run_command
 from inference.loading import load_base_from_args
-from inference.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads
+from inference.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads, write_heads_config
+from inference.outputs import check_output_dir, write_atomic
 from medusa_choices import load_tree
-from train.medusa_training import (CachedPositions, MedusaTrainingModule, SequenceDataset, cached_answer_hidden_states,
-                                   draft_vocabulary, pad_sequences, position_rows, read_samples)
+from train.medusa_training import (RUN_CONFIG, CachedPositions, MedusaTrainingModule, SequenceDataset,
+                                   cached_answer_hidden_states, draft_vocabulary, pad_sequences, position_rows,
+                                   read_samples)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, nargs="+", help="JSONL file(s) from train/gen_distill_data.py")
-    parser.add_argument("--out", required=True, help="directory for the heads (and Trainer checkpoints)")
+    parser.add_argument("--out", required=True, help="directory for the heads (and Trainer checkpoints); heads already "
+                        "there are replaced only when training ends")
     parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
-    parser.add_argument("--num_heads", type=int, default=4)
-    parser.add_argument("--num_layers", type=int, default=1, help="ResBlocks per head")
+    parser.add_argument("--num_heads", type=positive_int, default=4)
+    parser.add_argument("--num_layers", type=non_negative_int, default=1, help="ResBlocks per head")
     parser.add_argument("--layout", choices=LAYOUTS, default="shared_lm_head")
     parser.add_argument("--head_input", choices=HEAD_INPUTS, default="hidden",
                         help="hidden_and_next_token: heads also read the embedding of token t+1 (the tree's root); "
                         "hidden_and_path: head i reads tokens t+1 .. t+1+i (sequentially dependent, Hydra-style)")
     parser.add_argument("--soft_targets", action="store_true",
                         help="learn the base model's whole distribution for each target (its logits), not only its token")
-    parser.add_argument("--draft_vocab_size", type=int,
+    parser.add_argument("--draft_vocab_size", type=positive_int,
                         help="train and propose over the K most frequent answer tokens only (a draft vocabulary): "
                         "K/V of the vocabulary projection's cost, in training and at inference")
-    parser.add_argument("--head_decay", type=float, default=0.8, help="loss weight of head i is decay**i")
-    parser.add_argument("--epochs", type=float, default=2.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch_size", type=int, default=256, help="positions (cached) or sequences per device")
-    parser.add_argument("--grad_accum", type=int, default=1)
-    parser.add_argument("--max_length", type=int, default=2048)
-    parser.add_argument("--eval_fraction", type=float, default=0.05, help="held-out samples for accuracy")
+    parser.add_argument("--head_decay", type=non_negative_float, default=0.8, help="loss weight of head i is decay**i")
+    parser.add_argument("--epochs", type=positive_float, default=2.0)
+    parser.add_argument("--lr", type=positive_float, default=1e-3)
+    parser.add_argument("--batch_size", type=positive_int, default=256, help="positions (cached) or sequences per device")
+    parser.add_argument("--grad_accum", type=positive_int, default=1)
+    parser.add_argument("--max_length", type=positive_int, default=2048)
+    parser.add_argument("--eval_fraction", type=fraction, default=0.05, help="held-out samples for accuracy, in [0, 1)")
     parser.add_argument("--cache_hidden", action="store_true",
                         help="run the frozen base once and train on its hidden states (kept beside each data file as "
                         "<data>.hidden.pt and reused while the file and base model are unchanged)")
@@ -60,7 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--deepspeed", help="DeepSpeed config (e.g. train/deepspeed.json)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="base model dtype; heads train in fp32 with bf16 autocast where supported")
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=positive_int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tree", help="tree to record in the heads' config (name or JSON file from the tree builder)")
     return parser.parse_args(argv)
@@ -135,7 +139,9 @@ def main(argv=None) -> int:
     from transformers import TrainingArguments
 
     started = time.time()
+
     def body():
+        check_output_dir(args.out)
         torch.manual_seed(args.seed)
         args.device = process_device(args.device, os.environ.get("LOCAL_RANK"))
         model, tokenizer, _ = load_base_from_args(args)
@@ -163,9 +169,9 @@ def main(argv=None) -> int:
         heads.init_from_lm_head(model.lm_head)
         if draft_ids:
             heads.draft_vocab.copy_(torch.tensor(draft_ids))
-        # written first, so checkpoints of a run stopped early can be exported (train/export_checkpoint.py)
+        # beside the checkpoints, so those of a run stopped early can be exported (train/export_checkpoint.py)
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        write_heads_config(config, Path(args.out) / RUN_CONFIG)
         weights = [args.head_decay**i for i in range(args.num_heads)]
         if args.cache_hidden:
             train_set, eval_set = (
@@ -207,7 +213,7 @@ def main(argv=None) -> int:
             "steps": trainer.state.global_step, "seconds": round(time.time() - started, 1),
             "held_out_accuracy": accuracy, "args": {k: v for k, v in vars(args).items()},
         }
-        (Path(args.out) / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_atomic(Path(args.out) / "training_report.json", json.dumps(report, indent=2) + "\n")
         for row in accuracy:
             print(f"head {row['head']}: held-out top-1 {row['top1']:.3f}, top-5 {row['top5']:.3f}", file=sys.stderr)
         print(f"heads saved to {args.out}", file=sys.stderr)

@@ -62,41 +62,30 @@ def test_head_targets_skip_the_prompt_and_shift_per_head():
     assert targets[4:].eq(IGNORE).all()
 
 
-def test_a_kill_while_resume_rewrites_the_data_loses_no_sample(tmp_path, monkeypatch):
+def _killed_mid_write(self, *args, **kwargs):
+    self.open("w").close()  # the file is truncated, then the process dies
+    raise KeyboardInterrupt
+
+
+def _killed(*args):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("owner,name,kill", [(Path, "write_text", _killed_mid_write), (os, "replace", _killed)],
+                         ids=["mid-write", "before-the-rename"])
+def test_a_kill_while_resume_rewrites_the_data_loses_no_sample(tmp_path, monkeypatch, owner, name, kill):
     records = [{"index": i, "prompt_ids": [1, 2], "output_ids": [3, 4, 5], "text": str(i)} for i in range(3)]
     complete = "".join(json.dumps(r) + "\n" for r in records)
     path = tmp_path / "data.jsonl"
     path.write_text(complete + '{"index": 3, "prompt_ids": [1,', encoding="utf-8")  # torn by an earlier kill
     original = path.read_text(encoding="utf-8")
-
-    def killed_mid_write(self, *args, **kwargs):
-        self.open("w").close()  # the file is truncated, then the process dies
-        raise KeyboardInterrupt
-
     with monkeypatch.context() as patch:
-        patch.setattr(Path, "write_text", killed_mid_write)
+        patch.setattr(owner, name, kill)
         with pytest.raises(KeyboardInterrupt):
             gen_distill_data.done_indices(path)
     assert path.read_text(encoding="utf-8") == original
     assert gen_distill_data.done_indices(path) == {0, 1, 2}
     assert path.read_text(encoding="utf-8") == complete
-
-
-def test_a_kill_between_the_rewrite_and_its_rename_loses_no_sample(tmp_path, monkeypatch):
-    records = [{"index": i, "prompt_ids": [1, 2], "output_ids": [3, 4, 5], "text": str(i)} for i in range(3)]
-    path = tmp_path / "data.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"index": 3, "prompt', encoding="utf-8")
-    original = path.read_text(encoding="utf-8")
-
-    def killed_before_the_rename(*args):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(os, "replace", killed_before_the_rename)
-        with pytest.raises(KeyboardInterrupt):
-            gen_distill_data.done_indices(path)
-    assert path.read_text(encoding="utf-8") == original
-    assert gen_distill_data.done_indices(path) == {0, 1, 2}
 
 
 def test_records_with_unicode_line_separators_are_read_whole_and_kept_on_resume(tmp_path):

@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
-	$(PY) -m inference.demo_model
+	$(PY) -m inference.runtime.demo_model
 	PYTHON=$(PY) bash apply_patches.sh
 
 demo: setup

@@ -87,7 +87,7 @@ def validate_tree(tree: Tree, num_heads: int | None = None) -> Tree:
     return sorted(paths, key=lambda p: (len(p), p))
 
 
-# Context-lookup candidates per dynamic step (inference/context_lookup.py), chosen on held-out data.
+# Context-lookup candidates per dynamic step (inference/engine/context_lookup.py), chosen on held-out data.
 DEFAULT_LOOKUP = 12
 
 
@@ -97,7 +97,7 @@ class DynamicTree:
     instead of one fixed shape: level by level, the `expand` most likely nodes get their `top_k` most likely
     children, and the `nodes` most likely nodes of all (likelihood = product of the probabilities on the
     path) are verified. Confident steps get deep chains, uncertain ones wide levels, for the same cost.
-    `lookup` more candidates come from the text so far (inference/context_lookup.py): a chain of up to that
+    `lookup` more candidates come from the text so far (inference/engine/context_lookup.py): a chain of up to that
     many tokens below the root, which competes for the same `nodes`. The defaults were chosen on held-out
     data (train/demo_heads/README.md)."""
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
-from inference.medusa_heads import read_medusa_config
+from inference.runtime.medusa_heads import read_medusa_config
 from medusa_model import MedusaModel, resolve_sources
 
 VENDORED = Path(__file__).resolve().parent / "third_party" / "Medusa"
@@ -102,9 +102,8 @@ def register_openpangu(upstream_model_class) -> None:
     def from_pretrained(cls, medusa_head_name_or_path, **kwargs):
         directory = Path(medusa_head_name_or_path)
         if directory.is_dir() and _served_here(directory):
-            dtype = kwargs.get("torch_dtype") or kwargs.get("dtype")
-            dtype_name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(dtype), "auto")
-            model = MedusaModel.from_pretrained(str(directory), device=kwargs.get("device", "auto"), dtype=dtype_name)
+            dtype = kwargs.get("torch_dtype") or kwargs.get("dtype") or "auto"  # upstream passes torch dtypes
+            model = MedusaModel.from_pretrained(str(directory), device=kwargs.get("device", "auto"), dtype=dtype)
             return OpenPanguMedusa(model)
         return original(cls, medusa_head_name_or_path, **kwargs)
 

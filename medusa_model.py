@@ -7,7 +7,7 @@
 
 `from_pretrained` is the one place that decides which base, which heads, which tree and which dtype:
 the command lines, `medusa_compat`, the benchmark and `convert_medusa` all load through it. The heads
-themselves and their files are `inference.medusa_heads`; the decoding engine is `inference.*_decoding`.
+themselves and their files are `inference.runtime.medusa_heads`; the decoding engine is `inference.*_decoding`.
 """
 
 import json
@@ -19,23 +19,24 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.calibration import step_profile
-from inference.decoding import DecodeRequest, DecodeStats, eos_ids
-from inference.demo_model import DEMO_HEADS_DIR, DEMO_NAME
-from inference.devices import DTYPES, dtype_name, parse_dtype, resolve_device
-from inference.loading import load_base, resolve_model_dir
-from inference.outputs import write_atomic
-from inference.medusa_decoding import Acceptance, MedusaDecoder, default_rule
-from inference.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
+from inference.runtime.calibration import step_profile
+from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.runtime.demo_model import DEMO_NAME
+from inference.runtime.devices import AUTO, as_device, as_dtype
+from inference.runtime.loading import load_base, resolve_model_dir
+from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
+from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
-    MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads)
-from inference.plain_decoding import plain_decode
-from inference.runtime_choice import RuntimeChoice, choose_runtime
-from inference.sampling import Sampling
-from inference.vllm_export import export_vllm
+    MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
+from inference.engine.plain_decoding import plain_decode
+from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime
+from inference.engine.sampling import Sampling
+from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
 TREE_CHOICES = ("auto", "heads")
+# Heads trained for the demo model by train/ (see its card); committed because they are small.
+DEMO_HEADS_DIR = Path(__file__).resolve().parent / "train" / "demo_heads"
 SAVE_LAYOUTS = LAYOUTS_ON_DISK + ("vllm",)
 
 
@@ -82,7 +83,7 @@ def untrained_heads(base_model: nn.Module, num_heads: int = 4, num_layers: int =
     return heads
 
 
-def fixed_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: str) -> Tree | DynamicTree | None:
+def given_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: str) -> Tree | DynamicTree | None:
     """The tree a `tree` argument names, or None when "auto" may choose one (the heads record their accuracy).
 
     "heads": the tree saved with the heads, else the device's default. A tree deeper than the heads is
@@ -106,12 +107,12 @@ def fixed_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: 
     return chosen
 
 
-def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: str | None, tree: Tree | DynamicTree | None,
-                        log: Callable[[str], None] = _stderr) -> RuntimeChoice:
+def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype | None,
+                        tree: Tree | DynamicTree | None, log: Callable[[str], None] = _stderr) -> RuntimeChoice:
     """Dtype and tree for this machine (calibrated once, then cached); what is given is kept as given."""
     if dtype is not None and tree is not None:
         return RuntimeChoice.as_given(dtype, tree)
-    profile = step_profile(model, heads, [dtype] if dtype else None, log)
+    profile = step_profile(model, heads, None if dtype is None else [dtype], log)
     return choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree,
                           dynamic=heads.propose_after_verification)
 
@@ -123,14 +124,16 @@ class MedusaModel(nn.Module):
     def __init__(self, base_model: nn.Module, heads: MedusaHeads, tokenizer=None,
                  tree: Tree | DynamicTree | None = None,
                  runtime: RuntimeChoice | None = None):
+        """`tree` (default: the heads' saved one) or `runtime` (a choice that carries its tree), not both."""
+        if tree is not None and runtime is not None:
+            raise ValueError("give MedusaModel a tree or a runtime choice (which carries its tree), not both")
         super().__init__()
         self.base_model = base_model
         self.medusa_head = heads.to(device=base_model.device, dtype=base_model.dtype)
         self.tokenizer = tokenizer
         self.decoder = MedusaDecoder(base_model, self.medusa_head)
         if runtime is None:
-            runtime = RuntimeChoice.as_given(dtype_name(base_model.dtype),
-                                             tree or fixed_tree("heads", heads, base_model.device.type))
+            runtime = RuntimeChoice.as_given(base_model.dtype, tree or given_tree("heads", heads, base_model.device.type))
         self.runtime = runtime
         self.tree = runtime.tree
 
@@ -144,21 +147,22 @@ class MedusaModel(nn.Module):
         return cls(base_model, untrained_heads(base_model, num_heads, num_layers, layout), tokenizer)
 
     @classmethod
-    def from_pretrained(cls, base_model: str | None = None, medusa: str | None = None, device: str = "auto",
-                        dtype: str = "auto", tree: str | Tree | DynamicTree = "auto",
+    def from_pretrained(cls, base_model: str | None = None, medusa: str | None = None,
+                        device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
+                        tree: str | Tree | DynamicTree = "auto",
                         log: Callable[[str], None] = _stderr) -> "MedusaModel":
         """Base and heads as `resolve_sources` finds them, in the dtype and tree that are fastest here.
 
-        `dtype`: auto | bf16 | fp16 | fp32. `tree`: auto (chosen from the heads' measured accuracy and this
+        `device`: auto | cpu | cuda[:N] | npu[:N] or a torch.device. `dtype`: auto (the fastest here), checkpoint
+        or None (the checkpoint's own), bf16 | fp16 | fp32 or a torch.dtype. `tree`: auto (chosen from the heads' measured accuracy and this
         machine's calibrated step costs; plain decoding when no tree is expected to pay), heads (the tree
         saved with the heads), a name from medusa_choices, a JSON file, a list of rank paths, or a DynamicTree
         (`dynamic[:N]`: N nodes chosen at every step from the heads' probabilities).
         `log` receives the one-line notices (which heads, calibration, the choice).
         """
-        torch_device = resolve_device(device)
-        forced = parse_dtype(dtype)
+        torch_device, dtype = as_device(device), as_dtype(dtype)
         base_source, heads_dir = resolve_sources(base_model, medusa)
-        model, tokenizer, _ = load_base(base_source, torch_device, forced)
+        model, tokenizer = load_base(base_source, torch_device, None if dtype == AUTO else dtype)
         if heads_dir is None:
             log("No Medusa heads given: using untrained heads (exact output, about 1 token per step).")
             heads = untrained_heads(model)
@@ -167,9 +171,9 @@ class MedusaModel(nn.Module):
             draft = heads.config.medusa_draft_vocab_size
             log(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
                 f"input {heads.config.medusa_head_input}{f', proposing from {draft} tokens' if draft else ''})")
-        runtime = choose_for_hardware(model, heads, dtype_name(forced) if forced else None,
-                                      fixed_tree(tree, heads, torch_device.type), log)
-        return cls(model.to(DTYPES[runtime.dtype]), heads, tokenizer, runtime=runtime)
+        runtime = choose_for_hardware(model, heads, None if dtype == AUTO else model.dtype,
+                                      given_tree(tree, heads, torch_device.type), log)
+        return cls(model.to(runtime.dtype), heads, tokenizer, runtime=runtime)
 
     def save_pretrained(self, directory: str | os.PathLike, layout: str = "heads") -> None:
         """`heads`: heads only (config.json + medusa_lm_head.safetensors); `combined`: base files with the
@@ -190,13 +194,10 @@ class MedusaModel(nn.Module):
             state = dict(self.base_model.state_dict())
             state.update({ONE_CHECKPOINT_PREFIX + k: v for k, v in self.medusa_head.state_dict().items()})
             self.base_model.save_pretrained(directory, state_dict=state)
-            config_path = Path(directory) / "config.json"
-            config = json.loads(config_path.read_text())
             fields = self.medusa_head.config.to_dict()
             fields.pop("base_model_name_or_path", None)
             tree = str(self.tree) if isinstance(self.tree, DynamicTree) else self.tree
-            config.update(fields, medusa_choices=tree or fields.get("medusa_choices"))
-            write_atomic(config_path, json.dumps(config, indent=2) + "\n")
+            update_heads_config(Path(directory) / "config.json", fields | {"medusa_choices": tree or fields.get("medusa_choices")})
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
 

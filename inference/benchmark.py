@@ -25,22 +25,22 @@ from pathlib import Path
 
 import torch
 
-from inference.arguments import ArgumentParser, positive_int
-from inference.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
-from inference.chat import prompt_ids, read_prompts
-from inference.decoding import DecodeRequest, DecodeStats, eos_ids
-from inference.devices import DTYPES, dtype_name, parse_dtype, resolve_device, set_threads, synchronize
-from inference.errors import UserError, run_command
-from inference.medusa_generate import load_medusa
-from inference.outputs import check_output_file, replace_atomic, write_atomic
-from inference.plain_decoding import plain_decode
+from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
+from inference.runtime.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
+from inference.runtime.chat import prompt_ids, read_prompts
+from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.runtime.devices import dtype_name, parse_dtype, resolve_device, set_threads, synchronize
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.outputs import check_output_file, replace_atomic, write_atomic
+from inference.engine.plain_decoding import plain_decode
+from medusa_model import MedusaModel
 
 BUILTIN_PROMPTS = Path(__file__).with_name("benchmark_prompts.jsonl")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
+    add_model_args(parser)
     parser.add_argument("--medusa_dir", help="heads directory (default: the demo heads, else untrained heads)")
     parser.add_argument("--medusa_choices", default="auto",
                         help="auto (chosen for this machine), heads (saved with the heads), a tree name or JSON file, "
@@ -52,13 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_new_tokens", default="128", help="one length or a comma-separated sweep, e.g. 64,256,1024")
     parser.add_argument("--runs", type=positive_int, default=3, help="timed repetitions per prompt (medians reported)")
     parser.add_argument("--ignore_eos", action="store_true", help="always generate max_new_tokens (both decoders)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", help="auto: each side in its fastest dtype here; bf16 | fp16 | "
-                        "fp32: both sides in that dtype")
-    parser.add_argument("--baseline_dtype", default="auto",
+    parser.add_argument("--baseline_dtype", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
                         help="plain decoding's dtype: auto (every dtype of the device that fits, the fastest in this run "
-                        "counts; --dtype's where that is given) or bf16 | fp16 | fp32")
-    parser.add_argument("--threads", type=positive_int, help="CPU threads (pin it: a busy second process skews timings)")
+                        "counts; --dtype's where that is given, which sets both sides) or bf16 | fp16 | fp32")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
     return parser.parse_args(argv)
@@ -174,17 +170,17 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def baseline_dtypes(args: argparse.Namespace, runtime, model) -> list[str]:
+def baseline_dtypes(args: argparse.Namespace, runtime, model) -> list[torch.dtype]:
     """The dtypes plain decoding is timed in: the one asked for (--baseline_dtype, or --dtype for both sides),
     else every candidate dtype of the device whose copy of the model fits, so that the speed-up is over the
     plain decoding measured fastest in this run, not over the calibration's pick (on a 2-core Xeon it timed
     plain bf16 at 57.8 ms and fp32 at 59.2, and the benchmark then measured fp32 at 47 ms and bf16 at 57)."""
     if args.baseline_dtype != "auto":
-        return [dtype_name(parse_dtype(args.baseline_dtype))]
+        return [parse_dtype(args.baseline_dtype)]
     if args.dtype != "auto":
         return [runtime.plain_dtype]
-    candidates = [name for name in CANDIDATE_DTYPES[model.device.type] if copy_fits(model, name)]
-    return sorted(set(candidates) | {runtime.plain_dtype})
+    candidates = [dtype for dtype in CANDIDATE_DTYPES[model.device.type] if copy_fits(model, dtype)]
+    return sorted(set(candidates) | {runtime.plain_dtype}, key=dtype_name)
 
 
 def plain_rates(rows: list[dict]) -> dict[str, float]:
@@ -208,12 +204,14 @@ def run(args: argparse.Namespace) -> dict:
     if not lengths or min(lengths) < 1:
         raise UserError(f"--max_new_tokens {args.max_new_tokens}: give positive lengths, e.g. 128 or 64,256")
     set_threads(args.threads)
-    device = resolve_device(args.device)
-    medusa = load_medusa(args, device)
+    medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, resolve_device(args.device),
+                                         parse_dtype(args.dtype), args.medusa_choices)
     runtime, tokenizer = medusa.runtime, medusa.tokenizer
     model = medusa.base_model
-    # Plain decoding in each of its dtypes (a copy where that differs from Medusa's); the fastest is the baseline.
-    plain_models = {name: model_in_dtype(model, DTYPES[name]) for name in baseline_dtypes(args, runtime, model)}
+    device = model.device
+    # Plain decoding in each of its dtypes (a copy where that differs from Medusa's); the fastest is the baseline,
+    # reported by name.
+    plain_models = {dtype_name(dtype): model_in_dtype(model, dtype) for dtype in baseline_dtypes(args, runtime, model)}
     print(f"Medusa: {runtime.reason}; baseline: plain decoding in {' or '.join(plain_models)}, "
           "whichever is faster in this run", file=sys.stderr)
     prompts = load_benchmark_prompts(args.prompts, args.num_prompts)
@@ -273,7 +271,7 @@ def run(args: argparse.Namespace) -> dict:
         "command": " ".join(sys.argv),
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
         "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
-        "baseline_dtype": baseline_dtype, "medusa_dtype": runtime.dtype, "tree_tokens": runtime.tree_tokens,
+        "baseline_dtype": baseline_dtype, "medusa_dtype": dtype_name(runtime.dtype), "tree_tokens": runtime.tree_tokens,
         "plain_tokens_per_second": {name: round(rate, 3) for name, rate in rates.items()},
         "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),

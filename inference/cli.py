@@ -6,26 +6,22 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from inference.arguments import ArgumentParser, non_negative_float, positive_int, probability
-from inference.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
-from inference.decoding import DecodeRequest, DecodeStats, eos_ids
-from inference.devices import parse_dtype, resolve_device, set_threads
-from inference.errors import run_command
-from inference.loading import is_pangu
-from inference.sampling import Sampling
+import torch
+
+from inference.runtime.arguments import ArgumentParser, add_model_args, non_negative_float, positive_int, probability
+from inference.runtime.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
+from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.runtime.devices import parse_dtype, resolve_device, set_threads
+from inference.runtime.errors import run_command
+from inference.runtime.loading import is_pangu
+from inference.engine.sampling import Sampling
 
 Decode = Callable[[DecodeRequest, DecodeStats], Iterator[list[int]]]
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(description=description)
-    model = parser.add_argument_group("model and hardware")
-    model.add_argument("--base_model", help="model directory or Hub repo id (default: the embedded demo model, "
-                       "SmolLM2-135M-Instruct, prepared on first use)")
-    model.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | npu[:N]; auto prefers npu, then cuda")
-    model.add_argument("--dtype", default="auto", help="auto | bf16 | fp16 | fp32; auto: the fastest here, from a "
-                       "one-time calibration of this machine (cached in $OPENPANGU_MEDUSA_HOME/calibration)")
-    model.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    add_model_args(parser)
     prompts = parser.add_argument_group("prompts (one of)")
     mode = prompts.add_mutually_exclusive_group()
     mode.add_argument("--prompt", help="one user message")
@@ -147,7 +143,7 @@ def run_interactive(session: Session) -> None:
         _print_record(record, session, streamed=True)
 
 
-def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Namespace, object, object], Session],
+def run_cli(parser: argparse.ArgumentParser, make_session: Callable[[argparse.Namespace, torch.device, object], Session],
             argv: list[str] | None = None) -> int:
     """Parse, load, run; bad input is one line on stderr and exit status 2, never a traceback."""
     args = parser.parse_args(argv)

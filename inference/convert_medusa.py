@@ -12,30 +12,32 @@ Medusa speculator loads: config.json with the Medusa keys only and model.safeten
 
 import sys
 
-from inference.arguments import ArgumentParser
-from inference.errors import run_command
-from inference.outputs import check_output_dir
+from inference.runtime.arguments import ArgumentParser, add_model_args
+from inference.runtime.devices import parse_dtype, resolve_device, set_threads
+from inference.runtime.errors import run_command
+from inference.runtime.outputs import check_output_dir
 from medusa_model import SAVE_LAYOUTS, MedusaModel
 
 
 def main(argv=None) -> int:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base_model", help="base model, or a combined / one-checkpoint directory (default: the "
-                        "base the heads name, else the demo model)")
+    add_model_args(parser, dtype_default="bf16", auto=False,
+                   base_model_default="the base the heads name, else the demo model; or a combined / one-checkpoint "
+                   "directory")
     parser.add_argument("--medusa_dir", help="heads directory (omit when --base_model holds the heads)")
     parser.add_argument("--out", required=True, help="directory to write (never a model's own directory, "
                         "unless --force)")
     parser.add_argument("--layout", choices=SAVE_LAYOUTS, required=True)
     parser.add_argument("--medusa_choices", default="heads",
                         help="tree to store with the heads (one_checkpoint): a name, a JSON file, or heads (theirs)")
-    parser.add_argument("--dtype", default="bf16", help="dtype of the written base weights")
     parser.add_argument("--force", action="store_true", help="write into a directory that holds a base model")
     args = parser.parse_args(argv)
 
     def body():
         check_output_dir(args.out, force=args.force)
-        model = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, device="cpu", dtype=args.dtype,
-                                            tree=args.medusa_choices)
+        set_threads(args.threads)
+        model = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, resolve_device(args.device),
+                                            parse_dtype(args.dtype), args.medusa_choices)
         model.save_pretrained(args.out, layout=args.layout)
         print(f"wrote {args.layout} layout to {args.out}", file=sys.stderr)
 

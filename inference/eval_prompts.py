@@ -14,11 +14,11 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-from inference.arguments import ArgumentParser, non_negative_int
+from inference.runtime.arguments import ArgumentParser, non_negative_int
 from inference.benchmark import load_benchmark_prompts
-from inference.errors import UserError, run_command
-from inference.jsonl import jsonl_lines
-from inference.outputs import check_output_file, write_atomic
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.jsonl import jsonl_lines
+from inference.runtime.outputs import check_output_file, write_atomic
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -6,20 +6,22 @@
 
 import sys
 
-from inference.calibration import step_profile
+import torch
+
+from inference.runtime.calibration import step_profile
 from inference.cli import Session, base_parser, run_cli
-from inference.devices import DTYPES
-from inference.loading import load_base
-from inference.plain_decoding import plain_decode
-from inference.runtime_choice import fastest_plain_dtype
+from inference.runtime.devices import AUTO, dtype_name
+from inference.runtime.loading import load_base
+from inference.engine.plain_decoding import plain_decode
+from inference.runtime.runtime_choice import fastest_plain_dtype
 
 
-def make_session(args, device, dtype) -> Session:
-    model, tokenizer, _ = load_base(args.base_model, device, dtype)
-    if dtype is None:
+def make_session(args, device: torch.device, dtype: torch.dtype | str | None) -> Session:
+    model, tokenizer = load_base(args.base_model, device, None if dtype == AUTO else dtype)
+    if dtype == AUTO:
         fastest = fastest_plain_dtype(step_profile(model, None))
-        model = model.to(DTYPES[fastest])
-        print(f"Runtime: plain decoding in {fastest}, the fastest here", file=sys.stderr)
+        model = model.to(fastest)
+        print(f"Runtime: plain decoding in {dtype_name(fastest)}, the fastest here", file=sys.stderr)
     return Session(model, tokenizer, lambda request, stats: plain_decode(model, request, stats), args)
 
 

@@ -11,10 +11,13 @@ output with --acceptance sample. --acceptance typical is Medusa's faster, lossy 
 
 import sys
 
-from inference.arguments import non_negative_float
+import torch
+
+from inference.runtime.arguments import non_negative_float
 from inference.cli import Session, base_parser, run_cli
-from inference.errors import UserError
-from inference.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
+from inference.runtime.devices import dtype_name
+from inference.runtime.errors import UserError
+from inference.engine.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
 from medusa_choices import DEFAULT_LOOKUP, NAMED_TREES, DynamicTree
 from medusa_model import MedusaModel
 
@@ -43,15 +46,10 @@ def build_parser():
     return parser
 
 
-def load_medusa(args, device) -> MedusaModel:
-    """MedusaModel.from_pretrained from the command line's flags."""
-    return MedusaModel.from_pretrained(args.base_model, args.medusa_dir, str(device), args.dtype, args.medusa_choices)
-
-
-def make_session(args, device, dtype) -> Session:
+def make_session(args, device: torch.device, dtype: torch.dtype | str | None) -> Session:
     if args.acceptance == "greedy" and args.temperature > 0:
         raise UserError("--acceptance greedy needs --temperature 0 (use sample or typical when sampling)")
-    medusa = load_medusa(args, device)
+    medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, device, dtype, args.medusa_choices)
     rule = args.acceptance or default_rule(args.temperature)
     acceptance = Acceptance(rule, args.posterior_threshold, args.posterior_alpha)
     runtime = medusa.runtime
@@ -70,7 +68,7 @@ def make_session(args, device, dtype) -> Session:
         return medusa.decode(request, acceptance, stats)
 
     return Session(medusa.base_model, medusa.tokenizer, decode, args,
-                   extra_fields=lambda stats: {"tree_tokens": runtime.tree_tokens, "dtype": runtime.dtype,
+                   extra_fields=lambda stats: {"tree_tokens": runtime.tree_tokens, "dtype": dtype_name(runtime.dtype),
                                                "acceptance": rule if medusa.tree is not None else "plain"})
 
 

@@ -22,7 +22,7 @@ def tiny_pangu(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_dir():
-    from inference.demo_model import prepare_demo_model
+    from inference.runtime.demo_model import prepare_demo_model
 
     return prepare_demo_model(quiet=True)
 
@@ -30,6 +30,6 @@ def demo_dir():
 @pytest.fixture(scope="session")
 def demo_model(demo_dir):
     """The demo model in fp32 (greedy equality needs fp32: bf16 ties break differently across kernels)."""
-    from inference.loading import load_causal_lm, load_tokenizer
+    from inference.runtime.loading import load_causal_lm, load_tokenizer
 
     return load_causal_lm(demo_dir, torch.device("cpu"), torch.float32), load_tokenizer(demo_dir)

@@ -2,8 +2,8 @@
 
 import torch
 
-from inference.decoding import DecodeRequest
-from inference.plain_decoding import plain_decode
+from inference.engine.decoding import DecodeRequest
+from inference.engine.plain_decoding import plain_decode
 from medusa_model import MedusaConfig, MedusaHeads
 
 

@@ -1,5 +1,7 @@
 import json
 
+import torch
+
 from inference import benchmark
 from medusa_helpers import random_heads
 from medusa_model import save_heads
@@ -54,14 +56,15 @@ def test_sharegpt_file_uses_first_human_turn(tmp_path):
 def test_by_default_medusa_at_its_choice_runs_against_the_fastest_plain_dtype_of_the_run(tiny_pangu, tmp_path,
                                                                                          monkeypatch):
     import medusa_model
-    from inference.calibration import StepProfile
+    from inference.runtime.calibration import StepProfile
 
     directory, model = tiny_pangu
     heads = random_heads(model, num_heads=2)
     heads.config.medusa_head_accuracy = [[0.6, 0.2], [0.5, 0.1]]
     save_heads(heads, tmp_path / "heads")
     # plain is fastest in bf16, while fp32 tree steps are flat: Medusa in fp32 beats it
-    profile = StepProfile({"bf16": 10.0, "fp32": 12.0}, {"bf16": {2: 20.0, 5: 50.0}, "fp32": {2: 12.5, 5: 13.0}})
+    profile = StepProfile({torch.bfloat16: 10.0, torch.float32: 12.0},
+                          {torch.bfloat16: {2: 20.0, 5: 50.0}, torch.float32: {2: 12.5, 5: 13.0}})
     monkeypatch.setattr(medusa_model, "step_profile", lambda *args: profile)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "one"}\n')

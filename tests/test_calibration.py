@@ -7,8 +7,10 @@ import time
 import pytest
 import torch
 
-from inference import calibration
-from inference.outputs import exclusive
+from inference.runtime import calibration
+from inference.runtime.outputs import exclusive
+
+BF16, FP32 = torch.bfloat16, torch.float32
 from medusa_choices import DynamicTree
 from medusa_helpers import random_heads
 
@@ -34,8 +36,8 @@ def test_calibration_measures_once_and_reuses_the_profile(tiny_pangu, quick_cali
     model = tiny_pangu[1]
     heads = random_heads(model, num_heads=2)
     profile = calibration.step_profile(model, heads, log=lambda line: None)
-    assert quick_calibration == [["bf16", "fp32"]]
-    assert set(profile.plain_ms) == {"bf16", "fp32"} and all(set(s) == {2, 5} for s in profile.step_ms.values())
+    assert quick_calibration == [[BF16, FP32]]
+    assert set(profile.plain_ms) == {BF16, FP32} and all(set(s) == {2, 5} for s in profile.step_ms.values())
     assert model.dtype == torch.float32  # the other dtype was timed on a copy
     assert calibration.step_profile(model, heads, log=lambda line: None) == profile
     assert len(quick_calibration) == 1
@@ -44,14 +46,14 @@ def test_calibration_measures_once_and_reuses_the_profile(tiny_pangu, quick_cali
 def test_deleting_or_corrupting_the_cache_measures_again_with_one_notice(tiny_pangu, quick_calibration):
     model = tiny_pangu[1]
     heads = random_heads(model, num_heads=2)
-    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, heads, [FP32], log=lambda line: None)
     [cached] = list(calibration.calibration_dir().glob("*.json"))
     cached.unlink()
-    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, heads, [FP32], log=lambda line: None)
     assert len(quick_calibration) == 2
     cached.write_text('{"profile": {"plain_ms": ')
     notices = []
-    calibration.step_profile(model, heads, ["fp32"], log=notices.append)
+    calibration.step_profile(model, heads, [FP32], log=notices.append)
     assert len(quick_calibration) == 3
     assert sum("unreadable" in line for line in notices) == 1
 
@@ -59,19 +61,19 @@ def test_deleting_or_corrupting_the_cache_measures_again_with_one_notice(tiny_pa
 def test_another_thread_count_or_other_heads_measure_again(tiny_pangu, quick_calibration):
     model = tiny_pangu[1]
     threads = torch.get_num_threads()
-    calibration.step_profile(model, random_heads(model, num_heads=2), ["fp32"], log=lambda line: None)
-    calibration.step_profile(model, random_heads(model, num_heads=3), ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, random_heads(model, num_heads=2), [FP32], log=lambda line: None)
+    calibration.step_profile(model, random_heads(model, num_heads=3), [FP32], log=lambda line: None)
     torch.set_num_threads(1)
     try:
-        calibration.step_profile(model, random_heads(model, num_heads=3), ["fp32"], log=lambda line: None)
+        calibration.step_profile(model, random_heads(model, num_heads=3), [FP32], log=lambda line: None)
     finally:
         torch.set_num_threads(threads)
     assert len(quick_calibration) == 3
 
 
 def test_plain_only_profile_times_the_plain_step(tiny_pangu, quick_calibration):
-    profile = calibration.step_profile(tiny_pangu[1], None, ["fp32"], log=lambda line: None)
-    assert profile.plain_ms["fp32"] > 0 and profile.step_ms == {"fp32": {}}
+    profile = calibration.step_profile(tiny_pangu[1], None, [FP32], log=lambda line: None)
+    assert profile.plain_ms[FP32] > 0 and profile.step_ms == {FP32: {}}
 
 
 def test_timing_runs_every_size_in_turn_and_drops_the_warm_up_round():
@@ -104,10 +106,10 @@ def test_a_dtype_whose_model_copy_does_not_fit_in_memory_is_not_timed(tiny_pangu
     monkeypatch.setattr(calibration, "free_memory", lambda device: bf16_copy)
     notices = []
     profile = calibration.step_profile(model, random_heads(model, num_heads=2), log=notices.append)
-    assert set(profile.plain_ms) == {"fp32"} and quick_calibration == [["fp32"]]
+    assert set(profile.plain_ms) == {FP32} and quick_calibration == [[FP32]]
     assert any("not timing bf16" in line for line in notices)
     monkeypatch.setattr(calibration, "free_memory", lambda device: 10 * bf16_copy)
-    assert set(calibration.step_profile(model, random_heads(model, num_heads=2), log=notices.append).plain_ms) == {"bf16", "fp32"}
+    assert set(calibration.step_profile(model, random_heads(model, num_heads=2), log=notices.append).plain_ms) == {BF16, FP32}
 
 
 def test_calibration_times_the_kind_of_tree_auto_decodes_with(tiny_pangu, quick_calibration, monkeypatch):
@@ -122,11 +124,11 @@ def test_calibration_times_the_kind_of_tree_auto_decodes_with(tiny_pangu, quick_
         return real(model, calls, tree, heads, context)
 
     monkeypatch.setattr(calibration, "step_runner", recording)
-    calibration.step_profile(model, random_heads(model, num_heads=2, head_input="hidden_and_path"), ["fp32"],
+    calibration.step_profile(model, random_heads(model, num_heads=2, head_input="hidden_and_path"), [FP32],
                              log=lambda line: None)
     assert [tree for tree in timed if tree is not None] == [DynamicTree(1), DynamicTree(4)]
     timed.clear()
-    calibration.step_profile(model, random_heads(model, num_heads=2), ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, random_heads(model, num_heads=2), [FP32], log=lambda line: None)
     trees = [tree for tree in timed if tree is not None]
     assert [len(tree) for tree in trees] == [1, 4] and not any(isinstance(tree, DynamicTree) for tree in trees)
     assert len(quick_calibration) == 2  # the two kinds are cached apart
@@ -137,7 +139,7 @@ def test_the_cache_key_tells_apart_every_machine_model_heads_and_tree_kind(tiny_
     heads = random_heads(model, num_heads=2)
 
     def path(heads=heads):
-        return calibration.profile_path(calibration.profile_key(model, heads, ["fp32"], (2, 5)))
+        return calibration.profile_path(calibration.profile_key(model, heads, [FP32], (2, 5)))
 
     base = path()
     changes = [
@@ -183,25 +185,25 @@ UNUSABLE_PROFILES = {
 def test_every_unusable_cached_profile_is_measured_again_with_one_notice(tiny_pangu, quick_calibration, kind):
     model = tiny_pangu[1]
     heads = random_heads(model, num_heads=2)
-    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, heads, [FP32], log=lambda line: None)
     [cached] = calibration.calibration_dir().glob("*.json")
     content = UNUSABLE_PROFILES[kind]
     cached.write_text(content if isinstance(content, str) else json.dumps(content))
     notices = []
-    profile = calibration.step_profile(model, heads, ["fp32"], log=notices.append)
+    profile = calibration.step_profile(model, heads, [FP32], log=notices.append)
     assert len(quick_calibration) == 2 and sum("unreadable" in line for line in notices) == 1
-    assert profile.plain_ms["fp32"] > 0 and set(profile.step_ms["fp32"]) == {2, 5}
-    assert calibration.step_profile(model, heads, ["fp32"], log=notices.append) == profile  # the new one was kept
+    assert profile.plain_ms[FP32] > 0 and set(profile.step_ms[FP32]) == {2, 5}
+    assert calibration.step_profile(model, heads, [FP32], log=notices.append) == profile  # the new one was kept
 
 
 def test_a_valid_cached_profile_is_used_as_it_is(tiny_pangu, quick_calibration):
     model = tiny_pangu[1]
     heads = random_heads(model, num_heads=2)
-    calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
+    calibration.step_profile(model, heads, [FP32], log=lambda line: None)
     [cached] = calibration.calibration_dir().glob("*.json")
     cached.write_text(json.dumps({"profile": valid_profile()}))
-    profile = calibration.step_profile(model, heads, ["fp32"], log=lambda line: None)
-    assert len(quick_calibration) == 1 and profile.step_ms == {"fp32": {2: 12.0, 5: 15.0}}
+    profile = calibration.step_profile(model, heads, [FP32], log=lambda line: None)
+    assert len(quick_calibration) == 1 and profile.step_ms == {FP32: {2: 12.0, 5: 15.0}}
 
 
 def test_an_unwritable_home_calibrates_for_this_run_only_and_says_so(tiny_pangu, quick_calibration, monkeypatch,
@@ -212,20 +214,20 @@ def test_an_unwritable_home_calibrates_for_this_run_only_and_says_so(tiny_pangu,
     heads = random_heads(model, num_heads=2)
     notices = []
     for _ in range(2):
-        profile = calibration.step_profile(model, heads, ["fp32"], log=notices.append)
-    assert profile.plain_ms["fp32"] > 0 and len(quick_calibration) == 2
+        profile = calibration.step_profile(model, heads, [FP32], log=notices.append)
+    assert profile.plain_ms[FP32] > 0 and len(quick_calibration) == 2
     assert sum("for this run only" in line for line in notices) == 2
 
 
 def test_a_second_calibration_of_one_key_waits_for_the_first_and_takes_its_profile(tiny_pangu, quick_calibration):
     model = tiny_pangu[1]
     heads = random_heads(model, num_heads=2)
-    path = calibration.profile_path(calibration.profile_key(model, heads, ["fp32"], (2, 5)))
+    path = calibration.profile_path(calibration.profile_key(model, heads, [FP32], (2, 5)))
     path.parent.mkdir(parents=True)
     notices, results = [], []
     with exclusive(path, busy="held"):  # the first process, calibrating
         second = threading.Thread(target=lambda: results.append(
-            calibration.step_profile(model, heads, ["fp32"], log=notices.append)))
+            calibration.step_profile(model, heads, [FP32], log=notices.append)))
         second.start()
         for _ in range(100):
             if notices:
@@ -234,4 +236,4 @@ def test_a_second_calibration_of_one_key_waits_for_the_first_and_takes_its_profi
         path.write_text(json.dumps({"profile": valid_profile()}))  # the first one's result
     second.join()
     assert any("Waiting for another process" in line for line in notices)
-    assert quick_calibration == [] and results[0].step_ms == {"fp32": {2: 12.0, 5: 15.0}}
+    assert quick_calibration == [] and results[0].step_ms == {FP32: {2: 12.0, 5: 15.0}}

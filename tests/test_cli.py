@@ -12,7 +12,10 @@ from medusa_model import save_heads
 
 
 def run(main, argv, capsys):
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # what argparse does with a bad argument
+        code = exit_.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -92,7 +95,7 @@ COMMON_BAD_INPUT = [
     ("truncated", "cannot load the model weights"),
     ("long_prompt", "exceeds the model's context"),
     ("device", "unknown device"),
-    ("dtype", "unknown dtype"),
+    ("dtype", "invalid choice: 'int3'"),
     ("bad_prompts", "needs a 'prompt'"),
 ]
 BAD_INPUT = [(generate.main, *case) for case in COMMON_BAD_INPUT] + [

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from inference.context_lookup import FIRST_TOKEN_ACCURACY, NEXT_TOKEN_ACCURACY, ContextLookup
-from inference.decoding import DecodeRequest, DecodeStats
-from inference.dynamic_tree import draft_dynamic_tree
-from inference.medusa_decoding import MedusaDecoder
+from inference.engine.context_lookup import FIRST_TOKEN_ACCURACY, NEXT_TOKEN_ACCURACY, ContextLookup
+from inference.engine.decoding import DecodeRequest, DecodeStats
+from inference.engine.dynamic_tree import draft_dynamic_tree
+from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import DynamicTree
 from medusa_helpers import plain_greedy, random_heads, random_prompts
 from train.lookup_accuracy import lookup_accuracy

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference import cpu_linear
-from inference.cpu_linear import PackedBf16Linear, use_packed_bf16_linears
+from inference.engine import cpu_linear, host_memory
+from inference.engine.cpu_linear import PackedBf16Linear, use_packed_bf16_linears
 
 needs_bf16_kernels = pytest.mark.skipif(not cpu_linear.packing_supported(),
                                         reason="this CPU has no oneDNN bf16 kernels (AVX2 only): nothing is packed")
@@ -106,11 +106,11 @@ def test_weights_stay_unpacked_when_packing_would_leave_too_little_memory(monkey
 def test_free_host_memory_counts_the_page_cache_the_kernel_gives_back(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          500000 kB\nMemAvailable:   20000000 kB\n")
-    assert cpu_linear.free_host_memory(str(meminfo)) == 20000000 * 1024
+    assert host_memory.free_host_memory(str(meminfo)) == 20000000 * 1024
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          500000 kB\n")  # no MemAvailable: unused pages
     unused = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert abs(cpu_linear.free_host_memory(str(meminfo)) - unused) < 256 * 2**20
-    assert abs(cpu_linear.free_host_memory(str(tmp_path / "missing")) - unused) < 256 * 2**20
+    assert abs(host_memory.free_host_memory(str(meminfo)) - unused) < 256 * 2**20
+    assert abs(host_memory.free_host_memory(str(tmp_path / "missing")) - unused) < 256 * 2**20
 
 
 def test_cpus_without_bf16_kernels_keep_their_linears(monkeypatch):
@@ -121,9 +121,9 @@ def test_cpus_without_bf16_kernels_keep_their_linears(monkeypatch):
 
 @needs_bf16_kernels
 def test_a_bf16_cpu_model_and_its_heads_decode_on_packed_weights(tiny_pangu):
-    from inference.decoding import DecodeRequest
-    from inference.loading import load_causal_lm
-    from inference.medusa_decoding import MedusaDecoder
+    from inference.engine.decoding import DecodeRequest
+    from inference.runtime.loading import load_causal_lm
+    from inference.engine.medusa_decoding import MedusaDecoder
     from medusa_choices import DynamicTree
     from medusa_helpers import random_heads
 

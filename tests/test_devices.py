@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from inference import devices
-from inference.errors import UserError
+from inference.runtime import devices
+from inference.runtime.errors import UserError
 
 
 class FakeNpu:
@@ -115,7 +115,8 @@ def test_unknown_device_names_are_rejected(name):
 
 
 def test_dtypes():
-    assert devices.parse_dtype("auto") is None  # chosen per machine by calibration
+    assert devices.parse_dtype("auto") == devices.AUTO  # chosen per machine by calibration
+    assert devices.parse_dtype("checkpoint") is None  # the checkpoint's own
     assert devices.parse_dtype("fp32") == torch.float32 and devices.dtype_name(torch.bfloat16) == "bf16"
     with pytest.raises(UserError, match="unknown dtype"):
         devices.parse_dtype("int4")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from inference.dynamic_tree import draft_dynamic_tree
-from inference.medusa_decoding import MedusaDecoder
+from inference.engine.dynamic_tree import draft_dynamic_tree
+from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import DEFAULT_LOOKUP, DynamicTree, TreeError, load_tree
 from medusa_helpers import random_heads, upper_half_vocab
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from inference.decoding import DecodeRequest
-from inference.kv_cache import KVBuffer
-from inference.medusa_decoding import Acceptance, MedusaDecoder
-from inference.plain_decoding import plain_decode
-from inference.sampling import Sampling
+from inference.engine.decoding import DecodeRequest
+from inference.engine.kv_cache import KVBuffer
+from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
+from inference.engine.plain_decoding import plain_decode
+from inference.engine.sampling import Sampling
 from medusa_choices import load_tree
 from medusa_helpers import random_heads, random_prompts, upper_half_vocab
 

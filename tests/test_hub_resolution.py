@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from inference.errors import UserError
-from inference.loading import resolve_model_dir
+from inference.runtime.errors import UserError
+from inference.runtime.loading import resolve_model_dir
 from medusa_helpers import random_heads
 from medusa_model import MedusaModel, save_heads
 

@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from inference.decoding import DecodeRequest, DecodeStats
-from inference.demo_model import DEMO_HEADS_DIR
-from inference.medusa_decoding import MedusaDecoder
+from inference.engine.decoding import DecodeRequest, DecodeStats
+from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts, upper_half_vocab
-from medusa_model import MedusaModel, load_heads
+from medusa_model import DEMO_HEADS_DIR, MedusaModel, load_heads
 
 TREES = ["mc_sim_7b_63", "chain_4", "tree_16"]
 # with the trees chosen at every step from the heads' probabilities, without and with context lookup
@@ -94,9 +93,8 @@ def test_sequential_heads_draft_each_node_from_the_tokens_on_its_path(tiny, tree
     heads = random_heads(model, head_input="hidden_and_path", draft_vocab=upper_half_vocab(model) if draft else None)
     decoder = MedusaDecoder(model, heads)
     hidden, root = torch.randn(1, model.config.hidden_size), torch.tensor([5])
-    buffers = decoder.tree_buffers(load_tree(tree))
     with torch.no_grad():
-        drafted = decoder._draft(hidden, root, buffers, decoder.proposal_lm_head()).tolist()
+        drafted = decoder.drafter(load_tree(tree)).from_hidden(root, hidden).tokens.tolist()
         expected = reference_draft(heads, model.get_input_embeddings(), decoder.proposal_lm_head(), hidden, 5,
                                    load_tree(tree))
     assert drafted == expected

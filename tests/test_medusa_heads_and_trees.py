@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from inference.decoding import DecodeRequest
-from inference.tree_buffers import TreeMask, build_tree_buffers
+from inference.engine.decoding import DecodeRequest
+from inference.engine.tree_buffers import TreeMask, build_tree_buffers
 from medusa_choices import NAMED_TREES, TreeError, load_tree, validate_tree
 from medusa_helpers import hf_greedy, random_heads, random_prompts, upper_half_vocab
 from medusa_model import MedusaConfig, MedusaHeads, MedusaLoadError, MedusaModel, load_heads, save_heads
@@ -51,7 +51,7 @@ def test_sequential_head_i_reads_the_tokens_t1_to_t1_plus_i(tiny_pangu):
     model = tiny_pangu[1]
     c = model.config
     heads = random_heads(model, num_heads=3, head_input="hidden_and_path")
-    assert heads.tokens_read == [1, 2, 3]
+    assert heads.tokens_per_head == [1, 2, 3]
     hidden, token_embeds = torch.randn(4, c.hidden_size), torch.randn(4, 3, c.hidden_size)
     changed = token_embeds.clone()
     changed[:, 1] += 1  # token t+2: heads 1 and 2 read it, head 0 does not
@@ -151,7 +151,7 @@ def test_bad_trees_are_rejected(tree, message):
 
 
 def test_tree_deeper_than_heads_is_rejected_by_the_decoder(tiny_pangu):
-    from inference.medusa_decoding import MedusaDecoder
+    from inference.engine.medusa_decoding import MedusaDecoder
 
     model = tiny_pangu[1]
     decoder = MedusaDecoder(model, random_heads(model, num_heads=2))

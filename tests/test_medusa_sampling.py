@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from inference.context_lookup import ContextLookup
-from inference.decoding import DecodeRequest, DecodeStats
-from inference.medusa_decoding import Acceptance, MedusaDecoder
-from inference.sampling import Sampling, probabilities
+from inference.engine.context_lookup import ContextLookup
+from inference.engine.decoding import DecodeRequest, DecodeStats
+from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
+from inference.engine.sampling import Sampling, probabilities
 from medusa_choices import DynamicTree, load_tree
 from medusa_helpers import random_heads
 

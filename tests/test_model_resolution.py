@@ -7,9 +7,9 @@ import torch
 
 import medusa_model
 from inference import medusa_generate
-from inference.calibration import StepProfile
-from inference.decoding import DecodeRequest, eos_ids
-from inference.medusa_heads import COMBINED_CONFIG, heads_config_path
+from inference.runtime.calibration import StepProfile
+from inference.engine.decoding import DecodeRequest, eos_ids
+from inference.runtime.medusa_heads import COMBINED_CONFIG, heads_config_path
 from medusa_choices import TreeError, load_tree
 from medusa_helpers import plain_greedy, random_heads, random_prompts
 from medusa_model import MedusaLoadError, MedusaModel, load_heads, save_heads
@@ -63,12 +63,13 @@ def test_auto_without_measured_accuracy_uses_the_heads_tree_and_calibrates_only_
 
     def fake_profile(model, heads, dtypes, log):
         profiles.append(dtypes)
-        return StepProfile({"bf16": 10.0, "fp32": 20.0}, {"bf16": {2: 30.0, 3: 40.0}, "fp32": {2: 21.0, 3: 22.0}})
+        return StepProfile({torch.bfloat16: 10.0, torch.float32: 20.0},
+                           {torch.bfloat16: {2: 30.0, 3: 40.0}, torch.float32: {2: 21.0, 3: 22.0}})
 
     monkeypatch.setattr(medusa_model, "step_profile", fake_profile)
     loaded = MedusaModel.from_pretrained(str(heads_naming_their_base), device="cpu", tree="auto")
     assert profiles == [None] and loaded.tree == [p for p in load_tree("tree_8") if len(p) <= 2]  # levels 2 heads fill
-    assert loaded.runtime.dtype == "fp32" and loaded.base_model.dtype == torch.float32
+    assert loaded.runtime.dtype == torch.float32 and loaded.base_model.dtype == torch.float32
     assert MedusaModel.from_pretrained(str(heads_naming_their_base), device="cpu", dtype="fp32").tree is not None
     assert profiles == [None]  # dtype and tree both given: nothing to measure
 
@@ -80,11 +81,12 @@ def test_medusa_falls_back_to_plain_decoding_where_no_tree_pays(tiny_pangu, tmp_
     heads.config.medusa_head_accuracy = [[0.3, 0.1], [0.2, 0.1]]
     save_heads(heads, tmp_path)
     # Issue 12's AVX2 CPU in miniature: a bf16 tree step costs ~k tokens, fp32 is flat but slower than plain bf16.
-    avx2 = StepProfile({"bf16": 47.0, "fp32": 87.0}, {"bf16": {2: 63.0, 5: 110.0}, "fp32": {2: 95.0, 5: 100.0}},
+    avx2 = StepProfile({torch.bfloat16: 47.0, torch.float32: 87.0},
+                       {torch.bfloat16: {2: 63.0, 5: 110.0}, torch.float32: {2: 95.0, 5: 100.0}},
                        "AMD EPYC (AVX2, no native bf16)")
     monkeypatch.setattr(medusa_model, "step_profile", lambda *args: avx2)
     loaded = MedusaModel.from_pretrained(str(tmp_path), device="cpu")
-    assert loaded.tree is None and loaded.runtime.dtype == "bf16" and loaded.base_model.dtype == torch.bfloat16
+    assert loaded.tree is None and loaded.runtime.dtype == torch.bfloat16 and loaded.base_model.dtype == torch.bfloat16
     assert "plain decoding in bf16" in loaded.runtime.reason
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     steps = list(loaded.decode(DecodeRequest(prompt, 12)))

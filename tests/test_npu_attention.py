@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from inference.decoding import DecodeRequest
-from inference.medusa_decoding import MedusaDecoder
-from inference.npu_attention import NPU_ATTENTION, use_npu_attention
+from inference.engine.decoding import DecodeRequest
+from inference.engine.medusa_decoding import MedusaDecoder
+from inference.engine.npu_attention import NPU_ATTENTION, use_npu_attention
 from medusa_choices import load_tree
 from medusa_helpers import hf_greedy, random_heads, random_prompts
 

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from inference.errors import UserError
-from inference.outputs import check_output_dir, check_output_file, exclusive, write_atomic
+from inference.runtime.errors import UserError
+from inference.runtime.outputs import check_output_dir, check_output_file, exclusive, write_atomic
 
 
 def test_a_kill_between_writing_and_renaming_leaves_the_old_file_whole(tmp_path, monkeypatch):

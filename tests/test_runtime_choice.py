@@ -3,13 +3,15 @@
 import json
 
 import pytest
+import torch
 
-from inference.calibration import StepProfile
-from inference.runtime_choice import MIN_EXPECTED_SPEEDUP, choose_runtime
+from inference.runtime.calibration import StepProfile
+from inference.runtime.runtime_choice import MIN_EXPECTED_SPEEDUP, choose_runtime
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
 SIZES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
+BF16, FP32 = torch.bfloat16, torch.float32
 
 
 def profile_from_table(hardware: str, plain: dict, points: dict) -> StepProfile:
@@ -21,14 +23,14 @@ def profile_from_table(hardware: str, plain: dict, points: dict) -> StepProfile:
 
 # Issue 12's AMD EPYC with AVX2 only (no bf16 GEMM kernel): bf16 costs ~k x one token, fp32 is flat.
 AVX2 = profile_from_table(
-    "AMD EPYC (AVX2, no native bf16), torch 2.13.0+cpu, 2 threads", {"bf16": 47.0, "fp32": 87.0},
-    {"bf16": {4: 94.0, 8: 150.0, 13: 238.0, 16: 278.0, 32: 536.0},
-     "fp32": {4: 135.0, 8: 126.0, 13: 111.0, 16: 113.0, 32: 148.0}})
+    "AMD EPYC (AVX2, no native bf16), torch 2.13.0+cpu, 2 threads", {BF16: 47.0, FP32: 87.0},
+    {BF16: {4: 94.0, 8: 150.0, 13: 238.0, 16: 278.0, 32: 536.0},
+     FP32: {4: 135.0, 8: 126.0, 13: 111.0, 16: 113.0, 32: 148.0}})
 # A CPU with AVX512-BF16 (this project's development machines): a 13-token bf16 step ~1.3x one token.
 NATIVE_BF16 = profile_from_table(
-    "AMD EPYC (AVX512, native bf16), torch 2.13.0+cpu, 2 threads", {"bf16": 37.6, "fp32": 54.4},
-    {"bf16": {2: 37.2, 5: 41.6, 9: 44.5, 13: 47.6, 17: 54.2, 33: 74.3},
-     "fp32": {2: 80.0, 5: 80.0, 13: 88.0, 33: 123.5}})
+    "AMD EPYC (AVX512, native bf16), torch 2.13.0+cpu, 2 threads", {BF16: 37.6, FP32: 54.4},
+    {BF16: {2: 37.2, 5: 41.6, 9: 44.5, 13: 47.6, 17: 54.2, 33: 74.3},
+     FP32: {2: 80.0, 5: 80.0, 13: 88.0, 33: 123.5}})
 
 
 def demo_accuracy() -> list[list[float]]:
@@ -37,14 +39,14 @@ def demo_accuracy() -> list[list[float]]:
 
 def test_avx2_cpu_falls_back_to_plain_bf16_with_a_reason():
     choice = choose_runtime(AVX2, 3, demo_accuracy())
-    assert choice.tree is None and choice.dtype == choice.plain_dtype == "bf16"
+    assert choice.tree is None and choice.dtype == choice.plain_dtype == BF16
     assert choice.tree_tokens == 1
     assert "plain decoding in bf16" in choice.reason and "expected at only" in choice.reason
 
 
 def test_native_bf16_cpu_runs_medusa_in_bf16_with_a_tree_that_beats_plain():
     choice = choose_runtime(NATIVE_BF16, 3, demo_accuracy())
-    assert choice.dtype == choice.plain_dtype == "bf16"
+    assert choice.dtype == choice.plain_dtype == BF16
     assert choice.tree is not None and 2 < choice.tree_tokens <= 33
     assert choice.expected_speedup >= MIN_EXPECTED_SPEEDUP
     validate_tree(choice.tree, num_heads=3)
@@ -52,22 +54,22 @@ def test_native_bf16_cpu_runs_medusa_in_bf16_with_a_tree_that_beats_plain():
 
 def test_flat_fp32_wins_when_bf16_is_only_a_little_faster_per_token():
     # AVX2-like bf16 trees, but a plain fp32 token nearly as cheap as a bf16 one: Medusa in fp32 pays.
-    profile = StepProfile({"bf16": 47.0, "fp32": 50.0}, {"bf16": dict(AVX2.step_ms["bf16"]),
-                                                          "fp32": {t: 55.0 + t for t in SIZES}}, AVX2.hardware)
+    profile = StepProfile({BF16: 47.0, FP32: 50.0}, {BF16: dict(AVX2.step_ms[BF16]),
+                                                          FP32: {t: 55.0 + t for t in SIZES}}, AVX2.hardware)
     choice = choose_runtime(profile, 3, demo_accuracy())
-    assert choice.dtype == "fp32" and choice.plain_dtype == "bf16" and choice.tree is not None
+    assert choice.dtype == FP32 and choice.plain_dtype == BF16 and choice.tree is not None
     assert "no native bf16 matmul on this CPU" in choice.reason
 
 
 def test_forced_dtype_compares_with_plain_decoding_in_that_dtype():
-    choice = choose_runtime(AVX2, 3, demo_accuracy(), dtype="fp32")
-    assert choice.dtype == choice.plain_dtype == "fp32" and choice.tree is not None
+    choice = choose_runtime(AVX2, 3, demo_accuracy(), dtype=FP32)
+    assert choice.dtype == choice.plain_dtype == FP32 and choice.tree is not None
 
 
 def test_a_given_tree_is_kept_and_its_gain_estimated():
     tree = load_tree("tree_16")[:12]
     choice = choose_runtime(AVX2, 3, demo_accuracy(), tree=tree)
-    assert choice.tree == tree and choice.dtype == "fp32"  # its 13-token step: 111 ms in fp32, 238 in bf16
+    assert choice.tree == tree and choice.dtype == FP32  # its 13-token step: 111 ms in fp32, 238 in bf16
     assert choice.expected_tokens_per_step == pytest.approx(1 + expected_accepted(tree, demo_accuracy()), abs=1e-4)
 
 
@@ -88,18 +90,18 @@ def test_a_given_dynamic_tree_is_estimated_as_the_best_fixed_tree_of_its_size():
 
 def test_without_accuracy_the_given_tree_runs_in_the_dtype_of_its_fastest_step():
     choice = choose_runtime(AVX2, 3, None, tree=[[0], [1], [2], [0, 0]])
-    assert choice.dtype == "bf16" and choice.expected_speedup is None  # 5 tokens: 109 ms bf16 vs 133 ms fp32
+    assert choice.dtype == BF16 and choice.expected_speedup is None  # 5 tokens: 109 ms bf16 vs 133 ms fp32
     assert "record no accuracy" in choice.reason
     with pytest.raises(ValueError):
         choose_runtime(AVX2, 3, None)
 
 
 def test_step_costs_are_interpolated_between_and_beyond_measured_sizes():
-    profile = StepProfile({"bf16": 10.0}, {"bf16": {2: 10.0, 4: 20.0, 8: 20.0}})
-    assert profile.tree_step_ms("bf16", 3) == 15.0
-    assert profile.tree_step_ms("bf16", 1) == 10.0
-    assert profile.tree_step_ms("bf16", 6) == 20.0
-    assert profile.tree_step_ms("bf16", 12) == 20.0
+    profile = StepProfile({BF16: 10.0}, {BF16: {2: 10.0, 4: 20.0, 8: 20.0}})
+    assert profile.tree_step_ms(BF16, 3) == 15.0
+    assert profile.tree_step_ms(BF16, 1) == 10.0
+    assert profile.tree_step_ms(BF16, 6) == 20.0
+    assert profile.tree_step_ms(BF16, 12) == 20.0
 
 
 def test_best_tree_is_prefix_closed_and_prefers_likely_paths():
@@ -119,7 +121,7 @@ def test_expected_accepted_counts_unmeasured_ranks_and_levels_as_never_right():
 @pytest.mark.parametrize("step_ms,uses_medusa", [(1.5 * 10 / 1.25, True), (1.5 * 10 / 1.15, False)])
 def test_medusa_is_used_from_an_expected_speedup_of_one_point_two(step_ms, uses_medusa):
     """One head right half the time: a 2-token step yields 1.5 tokens, so its speed-up is 15 ms / step ms."""
-    profile = StepProfile({"fp32": 10.0}, {"fp32": {2: step_ms}}, "a CPU")
+    profile = StepProfile({FP32: 10.0}, {FP32: {2: step_ms}}, "a CPU")
     choice = choose_runtime(profile, 1, [[0.5]])
     assert (choice.tree is not None) == uses_medusa
     assert choice.expected_speedup == pytest.approx(1.25 if uses_medusa else 1.0)

@@ -1,7 +1,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from inference.chat import IncrementalText, prompt_ids
+from inference.runtime.chat import IncrementalText, prompt_ids
 from openpangu_model import PanguTokenizer, split_thinking
 
 

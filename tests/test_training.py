@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from inference import medusa_generate
-from inference.errors import UserError
-from inference.loading import load_causal_lm
-from inference.decoding import DecodeRequest
-from inference.medusa_decoding import MedusaDecoder
-from inference.outputs import exclusive
+from inference.runtime.errors import UserError
+from inference.runtime.loading import load_causal_lm
+from inference.engine.decoding import DecodeRequest
+from inference.engine.medusa_decoding import MedusaDecoder
+from inference.runtime.outputs import exclusive
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
 from medusa_model import load_heads, save_heads
@@ -213,8 +213,8 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
 
     tree_file = tmp_path / "tree.json"
     assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),
-                                     "--out", str(tree_file), "--budgets", "2,4,8", "--repeats", "1",
-                                     "--dtype", "fp32", "--context", "16", "--save_in_heads"]) == 0
+                                     "--out", str(tree_file), "--nodes", "4", "--budgets", "2,4,8",
+                                     "--dtype", "fp32", "--save_in_heads"]) == 0
     built = json.loads(tree_file.read_text())
     assert built["budget"] in (2, 4, 8) and load_tree(str(tree_file), num_heads=3) == validate_tree(built["tree"])
     held_out = built["held_out_tokens_per_step"]
@@ -407,8 +407,7 @@ def test_tree_builder_records_its_tree_in_a_combined_directory_where_it_is_read(
     for name in ("tokenizer.model", "tokenizer_config.json"):
         (combined / name).write_bytes((directory / name).read_bytes())
     assert medusa_tree_builder.main(["--heads", str(combined), "--data", str(data), "--out", str(tmp_path / "t.json"),
-                                     "--budgets", "2,3", "--repeats", "1", "--dtype", "fp32", "--context", "16",
-                                     "--save_in_heads"]) == 0
+                                     "--nodes", "3", "--dtype", "fp32", "--save_in_heads"]) == 0
     built = json.loads((tmp_path / "t.json").read_text())
     loaded = MedusaModel.from_pretrained(str(combined), device="cpu", dtype="fp32", tree="heads")
     assert loaded.tree == built["tree"]

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import medusa_compat
-from inference.tree_buffers import build_tree_buffers
+from inference.engine.tree_buffers import build_tree_buffers
 from medusa_choices import load_tree, mc_sim_7b_63
 from medusa_helpers import hf_greedy, random_heads, upper_half_vocab
 from medusa_model import MedusaModel, save_heads

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inference import convert_medusa
-from inference.vllm_export import VllmExportError, check_vllm_names, export_vllm, vllm_parameter_names
+from inference.runtime.vllm_export import VllmExportError, check_vllm_names, export_vllm, vllm_parameter_names
 from medusa_helpers import random_heads, upper_half_vocab
 from medusa_model import MedusaModel, save_heads
 

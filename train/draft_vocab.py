@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from inference.arguments import ArgumentParser, positive_int
-from inference.errors import UserError, run_command
-from inference.loading import resolve_model_dir
-from inference.medusa_heads import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint, load_heads,
+from inference.runtime.arguments import ArgumentParser, positive_int
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.loading import resolve_model_dir
+from inference.runtime.medusa_heads import (COMBINED_CONFIG, MedusaHeads, MedusaLoadError, is_one_checkpoint, load_heads,
                                     read_medusa_config, save_heads)
 from train.medusa_training import draft_vocabulary, read_samples
 

@@ -9,10 +9,10 @@ import json
 import sys
 from pathlib import Path
 
-from inference.arguments import ArgumentParser
-from inference.errors import UserError, run_command
-from inference.medusa_heads import MedusaConfig, heads_from_state, read_medusa_config, save_heads
-from inference.outputs import check_output_dir
+from inference.runtime.arguments import ArgumentParser
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.medusa_heads import MedusaConfig, heads_from_state, read_medusa_config, save_heads
+from inference.runtime.outputs import check_output_dir
 from train.medusa_training import RUN_CONFIG
 
 PREFIX = "heads."

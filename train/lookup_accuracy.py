@@ -2,7 +2,7 @@
 
 At every answer position of held-out distillation records (the base model's own greedy answers), the
 lookup guesses the next tokens from the prompt and the answer so far, exactly as decoding does; a guess
-counts as right while it equals the answer. `inference/context_lookup.py` keeps the rates as
+counts as right while it equals the answer. `inference/engine/context_lookup.py` keeps the rates as
 FIRST_TOKEN_ACCURACY (the first guessed token, by the length of the match) and NEXT_TOKEN_ACCURACY (each
 later token, given the ones before it were right).
 
@@ -12,9 +12,9 @@ later token, given the ones before it were right).
 import sys
 from collections import Counter
 
-from inference.context_lookup import MAX_MATCH, ContextLookup
-from inference.arguments import ArgumentParser, positive_int
-from inference.errors import run_command
+from inference.engine.context_lookup import MAX_MATCH, ContextLookup
+from inference.runtime.arguments import ArgumentParser, positive_int
+from inference.runtime.errors import run_command
 from train.medusa_training import read_samples
 
 

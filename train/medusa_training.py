@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from inference.errors import UserError
-from inference.jsonl import jsonl_lines
-from inference.outputs import replace_atomic
+from inference.runtime.errors import UserError
+from inference.runtime.jsonl import jsonl_lines
+from inference.runtime.outputs import replace_atomic
 
 IGNORE = -100
 # The heads config of a training run, beside its checkpoints: config.json is written with the trained weights

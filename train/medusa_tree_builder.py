@@ -1,14 +1,13 @@
-"""Build the candidate tree that gives the most tokens per second on the target device.
+"""Measure what trees the heads support: their per-rank accuracy, the best tree of each size, and what a tree
+of the saved size accepts on held-out answers. Which size pays on a device is the runtime's choice
+(`--medusa_choices auto`, from this accuracy and the machine's calibrated step costs), not this script's.
 
 1. Accuracy: on held-out distillation data, how often head i's rank-r proposal is the right token.
 2. Trees: for each node budget, the tree maximising the expected accepted length, assuming heads are
    right independently (a node's value is the product of its path's accuracies; greedy best-first
-   expansion is optimal for that objective and keeps the tree prefix-closed). For the chosen size, the
-   tokens per step the fixed tree and a dynamic tree of as many nodes give on the held-out answers, drafted
-   as decoding drafts them, are reported too (no independence assumed).
-3. Hardware: the latency of a (budget+1)-token tree step on the device, against a 1-token forward; every
-   size is timed once per round, in turn, so drift of a shared machine hits all sizes alike.
-   The chosen budget maximises expected tokens per step divided by the step's cost.
+   expansion is optimal for that objective and keeps the tree prefix-closed).
+3. Held out: for the `--nodes` tree, the tokens per step it and a dynamic tree of as many nodes give on the
+   held-out answers, drafted as decoding drafts them (no independence assumed).
 
     python train/medusa_tree_builder.py --heads train/demo_heads --data data/heldout.jsonl --out tree.json
 """
@@ -18,36 +17,33 @@ import sys
 
 import torch
 
-from inference.calibration import interleaved_ms, step_runner
-from inference.arguments import ArgumentParser, positive_int
-from inference.errors import UserError, run_command
-from inference.loading import load_base_from_args
-from inference.medusa_decoding import MedusaDecoder
+from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.loading import load_base_from_args
+from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import DynamicTree, Tree, best_tree
 from medusa_model import resolve_sources
-from inference.medusa_heads import heads_config_path, load_heads
-from inference.outputs import check_output_file, write_atomic
+from inference.runtime.medusa_heads import heads_config_path, load_heads, update_heads_config
+from inference.runtime.outputs import check_output_file, write_atomic
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser, dtype_default="checkpoint", auto=False,
+                   base_model_default="the base the heads' config names, else the embedded demo model")
     parser.add_argument("--heads", required=True, help="trained heads directory")
     parser.add_argument("--data", required=True, help="held-out distillation JSONL (not used in training)")
     parser.add_argument("--out", required=True, help="JSON tree for --medusa_choices")
-    parser.add_argument("--base_model", help="model directory or Hub id (default: the base the heads' config names, "
-                        "else the embedded demo model)")
     parser.add_argument("--max_samples", type=positive_int, default=200)
     parser.add_argument("--top_k", type=positive_int, default=10,
                         help="ranks considered per head (at most the heads' draft vocabulary)")
-    parser.add_argument("--budgets", default="1,2,3,4,6,8,12,16,24,32,48,63", help="tree sizes (nodes) to consider")
-    parser.add_argument("--context", type=positive_int, default=256, help="cached tokens while timing forwards")
-    parser.add_argument("--repeats", type=positive_int, default=7, help="timed rounds over all sizes (median per size)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=positive_int)
+    parser.add_argument("--nodes", type=positive_int, default=16,
+                        help="size of the tree written to --out and saved with --save_in_heads")
+    parser.add_argument("--budgets", default="1,2,3,4,6,8,12,16,24,32,48,63",
+                        help="tree sizes (nodes) whose expected tokens per step are reported")
     parser.add_argument("--save_in_heads", action="store_true",
-                        help="also record the chosen tree (their default with --medusa_choices heads: the fixed tree, "
+                        help="also record the --nodes tree (their default with --medusa_choices heads: the fixed tree, "
                         "or a dynamic one of as many nodes where that gave more held-out tokens per step) and the "
                         "per-head per-rank accuracy (what --medusa_choices auto chooses from) in the heads' config")
     return parser.parse_args(argv)
@@ -79,12 +75,13 @@ def drafted_acceptance(decoder: MedusaDecoder, hidden: torch.Tensor, targets: to
                        following_ids: torch.Tensor, tree: Tree | DynamicTree, progress=None) -> torch.Tensor:
     """Per held-out position, the candidates a step drafted there accepts: the deepest node of the tree,
     drafted as decoding drafts it, whose path equals the base model's next tokens (its greedy answer)."""
-    _, depth, _, _, draft = decoder.drafter(tree)
+    drafter = decoder.drafter(tree)
+    depth = drafter.depth
     device = next(decoder.heads.parameters()).device
     pad = torch.full((1,), -1, dtype=torch.long, device=device)
     accepted = []
     for h, t, f in zip(hidden, targets, following_ids):
-        step = draft(f[:1].to(device), h.unsqueeze(0).to(device, decoder.base_model.dtype))
+        step = drafter.from_hidden(f[:1].to(device), h.unsqueeze(0).to(device, decoder.base_model.dtype))
         candidates = torch.cat([step.tokens, pad])[step.paths][:, 1:]  # [P, depth]; pad and IGNORE match nothing
         accepted.append((candidates == t[:depth].to(device)).int().cumprod(dim=1).sum(dim=1).max())
         if progress is not None:
@@ -106,7 +103,7 @@ def main(argv=None) -> int:
             raise UserError(f"--budgets {args.budgets}: give positive node counts, e.g. 4,8,16")
         # The base as everywhere else: --base_model, else the one the heads' config names (else the demo model)
         args.base_model, heads_dir = resolve_sources(args.base_model, args.heads)
-        model, _, _ = load_base_from_args(args)
+        model, _ = load_base_from_args(args)
         device = model.device
         heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
         heads = heads.to(device=device, dtype=model.dtype).eval()
@@ -118,57 +115,43 @@ def main(argv=None) -> int:
         hidden, targets, following_ids = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
         progress.close()
         accuracy = rank_accuracy(heads, model, hidden, targets, following_ids, args.top_k)
-        trees = {budget: best_tree(accuracy, budget) for budget in budgets}
-        calls = args.repeats + 1
-        runners = {"plain": step_runner(model, calls, context=args.context)}
-        runners |= {budget: step_runner(model, calls, tree, heads, args.context) for budget, (tree, _) in trees.items()}
-        with tqdm(total=args.repeats + 1, desc="timing trees", unit="round", file=sys.stderr) as progress:
-            step_ms = interleaved_ms(runners, args.repeats, device, progress)
-        plain_ms = step_ms["plain"]
-        candidates = []
-        for budget, (tree, expected) in trees.items():
-            candidates.append({"budget": len(tree), "expected_tokens_per_step": round(1 + expected, 4),
-                               "step_ms": round(step_ms[budget], 3),
-                               "expected_speedup": round((1 + expected) * plain_ms / step_ms[budget], 4), "tree": tree})
-        best = max(candidates, key=lambda c: c["expected_speedup"])
-        decoder = MedusaDecoder(model, heads)
-        drafted = {"tree": best["tree"]}
+        candidates = [{"budget": budget, "expected_tokens_per_step": round(1 + best_tree(accuracy, budget)[1], 4)}
+                      for budget in budgets]
+        tree, expected = best_tree(accuracy, args.nodes)
+        drafted = {"tree": tree}
         # heads sharing the verification's lm_head pass would pay a second one for a dynamic tree
-        if heads.propose_after_verification and DynamicTree(best["budget"]).fits(heads.num_heads):
+        if heads.propose_after_verification and DynamicTree(args.nodes).fits(heads.num_heads):
             # the heads' own nodes: the held-out positions have no text before them to look up
-            drafted["dynamic"] = DynamicTree(best["budget"], lookup=0)
+            drafted["dynamic"] = DynamicTree(args.nodes, lookup=0)
+        decoder = MedusaDecoder(model, heads)
         with tqdm(total=len(hidden) * len(drafted), desc="drafting held-out steps", unit="step",
                   file=sys.stderr) as progress:
-            held_out_tokens = {name: round(1 + drafted_acceptance(decoder, hidden, targets, following_ids, tree,
+            held_out_tokens = {name: round(1 + drafted_acceptance(decoder, hidden, targets, following_ids, kind,
                                                                   progress).float().mean().item(), 4)
-                               for name, tree in drafted.items()}
-        print(f"{'nodes':>5} {'E[tokens/step]':>14} {'step ms':>8} {'E[speedup]':>10}   (plain token {plain_ms:.2f} ms)")
+                               for name, kind in drafted.items()}
+        print(f"{'nodes':>5} {'E[tokens/step]':>14}")
         for c in candidates:
-            mark = "  <- chosen" if c is best else ""
-            print(f"{c['budget']:>5} {c['expected_tokens_per_step']:>14.3f} {c['step_ms']:>8.2f} {c['expected_speedup']:>9.3f}x{mark}")
+            print(f"{c['budget']:>5} {c['expected_tokens_per_step']:>14.3f}")
         for i, row in enumerate(accuracy):
             print(f"head {i}: top-1 {row[0]:.3f}  top-{args.top_k} {sum(row):.3f}", file=sys.stderr)
-        print(f"held-out tokens per step, drafted as decoding drafts: {best['budget']}-node tree "
-              f"{held_out_tokens['tree']:.3f}" + (f", dynamic {best['budget']}-node tree {held_out_tokens['dynamic']:.3f}"
+        print(f"held-out tokens per step, drafted as decoding drafts: {args.nodes}-node tree "
+              f"{held_out_tokens['tree']:.3f}" + (f", dynamic {args.nodes}-node tree {held_out_tokens['dynamic']:.3f}"
                                                   if "dynamic" in held_out_tokens else ""), file=sys.stderr)
-        result = {**best, "plain_token_ms": round(plain_ms, 3), "device": str(device),
-                  "dtype": str(model.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+        result = {"budget": len(tree), "tree": tree, "expected_tokens_per_step": round(1 + expected, 4),
+                  "device": str(device), "dtype": str(model.dtype).removeprefix("torch."),
                   "head_rank_accuracy": [[round(a, 4) for a in row] for row in accuracy],
-                  "held_out_tokens_per_step": held_out_tokens,
-                  "candidates": [{k: v for k, v in c.items() if k != "tree"} for c in candidates]}
+                  "held_out_tokens_per_step": held_out_tokens, "candidates": candidates}
         write_atomic(args.out, json.dumps(result) + "\n")
         if args.save_in_heads:
             config_path = heads_config_path(heads_dir)
-            config = json.loads(config_path.read_text())
             dynamic_better = held_out_tokens.get("dynamic", 0.0) > held_out_tokens["tree"]
             # saved with the default context lookup, which decoding has the text for
-            config["medusa_choices"] = str(DynamicTree(best["budget"])) if dynamic_better else best["tree"]
-            config["medusa_head_accuracy"] = result["head_rank_accuracy"]
-            write_atomic(config_path, json.dumps(config, indent=2) + "\n")
-            print(f"recorded in {config_path}: the {'dynamic' if dynamic_better else 'fixed'} {best['budget']}-node tree",
+            update_heads_config(config_path, {"medusa_choices": str(DynamicTree(args.nodes)) if dynamic_better else tree,
+                                              "medusa_head_accuracy": result["head_rank_accuracy"]})
+            print(f"recorded in {config_path}: the {'dynamic' if dynamic_better else 'fixed'} {args.nodes}-node tree",
                   file=sys.stderr)
-        print(f"tree of {best['budget']} nodes written to {args.out} "
-              f"(expected {best['expected_tokens_per_step']:.2f} tokens per step)", file=sys.stderr)
+        print(f"tree of {len(tree)} nodes written to {args.out} (expected {1 + expected:.2f} tokens per step)",
+              file=sys.stderr)
 
     return run_command(body, "interrupted")
 

@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from inference.chat import read_prompts
-from inference.errors import UserError
+from inference.runtime.chat import read_prompts
+from inference.runtime.errors import UserError
 
 SHAREGPT = "sharegpt"
 SHAREGPT_LATER_TURNS = "sharegpt-later-turns"

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from inference.demo_model import DEMO_NAME
-from inference.arguments import (ArgumentParser, fraction, non_negative_float, non_negative_int, positive_float,
+from inference.runtime.demo_model import DEMO_NAME
+from inference.runtime.arguments import (ArgumentParser, add_model_args, fraction, non_negative_float, non_negative_int, positive_float,
                                  positive_int)
-from inference.devices import resolve_device
-from inference.errors import UserError, run_command
-from inference.loading import load_base_from_args
-from inference.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads, write_heads_config
-from inference.outputs import check_output_dir, write_atomic
+from inference.runtime.devices import resolve_device
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.loading import load_base_from_args
+from inference.runtime.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads, write_heads_config
+from inference.runtime.outputs import check_output_dir, write_atomic
 from medusa_choices import load_tree
 from train.medusa_training import (RUN_CONFIG, CachedPositions, MedusaTrainingModule, SequenceDataset,
                                    cached_answer_hidden_states, draft_vocabulary, pad_sequences, position_rows,
@@ -35,10 +35,10 @@ from train.medusa_training import (RUN_CONFIG, CachedPositions, MedusaTrainingMo
 
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser, dtype_default="checkpoint", auto=False)  # the base's dtype; heads train in fp32
     parser.add_argument("--data", required=True, nargs="+", help="JSONL file(s) from train/gen_distill_data.py")
     parser.add_argument("--out", required=True, help="directory for the heads (and Trainer checkpoints); heads already "
                         "there are replaced only when training ends")
-    parser.add_argument("--base_model", help="model directory or Hub id (default: the embedded demo model)")
     parser.add_argument("--num_heads", type=positive_int, default=4)
     parser.add_argument("--num_layers", type=non_negative_int, default=1, help="ResBlocks per head")
     parser.add_argument("--layout", choices=LAYOUTS, default="shared_lm_head")
@@ -62,9 +62,6 @@ def parse_args(argv=None):
                         "<data>.hidden.pt and reused while the file and base model are unchanged)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     parser.add_argument("--deepspeed", help="DeepSpeed config (e.g. train/deepspeed.json)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", help="base model dtype; heads train in fp32 with bf16 autocast where supported")
-    parser.add_argument("--threads", type=positive_int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tree", help="tree to record in the heads' config (name or JSON file from the tree builder)")
     return parser.parse_args(argv)
@@ -144,7 +141,7 @@ def main(argv=None) -> int:
         check_output_dir(args.out)
         torch.manual_seed(args.seed)
         args.device = process_device(args.device, os.environ.get("LOCAL_RANK"))
-        model, tokenizer, _ = load_base_from_args(args)
+        model, tokenizer = load_base_from_args(args)
         device = model.device
         files = [(Path(path), read_samples(path)) for path in args.data]
         if args.cache_hidden:

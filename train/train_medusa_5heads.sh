@@ -30,11 +30,10 @@ torchrun --nproc_per_node "$NPUS" train/train_medusa.py --base_model "$BASE" --d
     --layout shared_lm_head --head_input hidden_and_path --soft_targets --draft_vocab_size 32768 \
     --epochs 2 --lr 1e-3 --batch_size 4 --grad_accum 4 --deepspeed train/deepspeed.json --resume
 # Trained and proposing over the 32k most frequent answer tokens, the heads' projection costs a fifth of the
-# full one. --save_in_heads records the tree and the per-head accuracy that --medusa_choices auto chooses from;
-# on an NPU a 16-64-token verification costs about one token, so larger trees are worth timing. auto verifies
-# a dynamic tree of the chosen size (nodes picked per step from the heads' probabilities); the builder reports
-# both trees' held-out tokens per step.
+# full one. --save_in_heads records a 32-node tree and the per-head accuracy that --medusa_choices auto chooses
+# from on each machine (on an NPU a 16-64-token verification costs about one token, so auto takes large trees);
+# auto verifies a dynamic tree of the size it chooses; the builder reports both trees' held-out tokens per step.
 python train/medusa_tree_builder.py --base_model "$BASE" --device npu --heads "$OUT" \
-    --data "$DATA_DIR/heldout.jsonl" --out "$OUT/tree.json" --budgets 8,16,24,32,48,63 --save_in_heads
+    --data "$DATA_DIR/heldout.jsonl" --out "$OUT/tree.json" --nodes 32 --budgets 8,16,24,32,48,63 --save_in_heads
 echo "heads: $OUT  tree: $OUT/tree.json"
 echo "run: python inference/medusa_generate.py --base_model $BASE --medusa_dir $OUT --device npu"

@@ -10,11 +10,11 @@ parameters, so drafting adds no device-to-host read.
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from inference.engine.draft import Draft
 from medusa_choices import DynamicTree
 
 # Relative and absolute hair taken off per level, so a child scores strictly below its parent in float32
@@ -26,17 +26,6 @@ def _below(parent_score, log_prob):
     """The score of a child whose token has `log_prob` (<= 0) below a parent scored `parent_score` (<= 0):
     their sum less a hair that float32 can resolve, so a child never ties its parent."""
     return (parent_score + log_prob) * (1 + _HAIR) - _HAIR
-
-
-@dataclass(frozen=True)
-class Draft:
-    """One step's tree: node tokens (node 0 is the root), each node's depth, the root-to-node path of every
-    node (node ids, -1 padded: the candidate paths of the verification) and which nodes each may attend to."""
-
-    tokens: torch.Tensor  # [T]
-    position_offsets: torch.Tensor  # [1, T]
-    paths: torch.Tensor  # [P, depth+1]
-    tree_mask: torch.Tensor | None  # [T, T] bool; None: the static tree's, set once
 
 
 def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:

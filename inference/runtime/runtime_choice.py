@@ -9,7 +9,10 @@ Medusa falls back to plain decoding, never a silent slowdown.
 
 from dataclasses import dataclass
 
-from inference.calibration import StepProfile
+import torch
+
+from inference.runtime.calibration import StepProfile
+from inference.runtime.devices import dtype_name
 from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
 
 # A tree must be expected to beat plain decoding by this much before it is used. The estimate takes heads to
@@ -21,17 +24,17 @@ MIN_EXPECTED_SPEEDUP = 1.2
 
 @dataclass(frozen=True)
 class RuntimeChoice:
-    dtype: str  # Medusa's dtype, or plain decoding's when falling back
+    dtype: torch.dtype  # Medusa's dtype, or plain decoding's when falling back
     tree: Tree | DynamicTree | None  # None: plain decoding is expected to be faster here, so it is used instead
-    plain_dtype: str  # plain decoding's fastest dtype (or the forced one)
+    plain_dtype: torch.dtype  # plain decoding's fastest dtype (or the forced one)
     reason: str
     expected_tokens_per_step: float | None = None
     expected_speedup: float | None = None
 
     @classmethod
-    def as_given(cls, dtype: str, tree: Tree) -> "RuntimeChoice":
+    def as_given(cls, dtype: torch.dtype, tree: Tree | DynamicTree) -> "RuntimeChoice":
         """The dtype and tree a caller fixed: nothing was chosen or estimated."""
-        return cls(dtype, tree, dtype, f"{dtype}, {len(tree) + 1}-token tree, as given")
+        return cls(dtype, tree, dtype, f"{dtype_name(dtype)}, {len(tree) + 1}-token tree, as given")
 
     @property
     def tree_tokens(self) -> int:
@@ -39,18 +42,18 @@ class RuntimeChoice:
         return len(self.tree) + 1 if self.tree else 1
 
 
-def _cpu_note(profile: StepProfile, dtype: str) -> str:
-    if "no native bf16" in profile.hardware and dtype == "fp32":
+def _cpu_note(profile: StepProfile, dtype: torch.dtype) -> str:
+    if "no native bf16" in profile.hardware and dtype == torch.float32:
         return " (no native bf16 matmul on this CPU)"
     return ""
 
 
-def fastest_plain_dtype(profile: StepProfile, dtypes: list[str] | None = None) -> str:
+def fastest_plain_dtype(profile: StepProfile, dtypes: list[torch.dtype] | None = None) -> torch.dtype:
     return min(dtypes or profile.plain_ms, key=lambda d: profile.plain_ms[d])
 
 
 def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[float]] | None,
-                   dtype: str | None = None, tree: Tree | DynamicTree | None = None,
+                   dtype: torch.dtype | None = None, tree: Tree | DynamicTree | None = None,
                    dynamic: bool = False) -> RuntimeChoice:
     """The fastest (dtype, tree) for this profile, or plain decoding when nothing is expected to beat it.
 
@@ -60,7 +63,7 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
     verification anyway; the profile timed dynamic steps for them, and the best fixed tree's token estimate
     is a floor for a dynamic tree of the same size).
     """
-    dtypes = [dtype] if dtype else sorted(profile.plain_ms)
+    dtypes = [dtype] if dtype else sorted(profile.plain_ms, key=dtype_name)
     plain_dtype = fastest_plain_dtype(profile, dtypes)
     plain_ms = profile.plain_ms[plain_dtype]
     if accuracy is None:
@@ -68,7 +71,7 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
             raise ValueError("without measured head accuracy a tree must be given")
         fastest = min(dtypes, key=lambda d: profile.tree_step_ms(d, len(tree) + 1))
         return RuntimeChoice(fastest, tree, plain_dtype,
-                             f"{fastest}: fastest {len(tree) + 1}-token step here{_cpu_note(profile, fastest)}; "
+                             f"{dtype_name(fastest)}: fastest {len(tree) + 1}-token step here{_cpu_note(profile, fastest)}; "
                              "the heads record no accuracy (train/medusa_tree_builder.py --save_in_heads), "
                              "so the gain over plain decoding is not estimated")
     accuracy = accuracy[:num_heads]
@@ -84,11 +87,11 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
     speedup, best_dtype, best_nodes, expected = max(candidates, key=lambda c: c[0])
     step_ms = profile.tree_step_ms(best_dtype, len(best_nodes) + 1)
     estimate = (f"{1 + expected:.2f} expected tokens per {step_ms:.0f} ms step vs {plain_ms:.0f} ms per plain "
-                f"{plain_dtype} token")
+                f"{dtype_name(plain_dtype)} token")
     if tree is None and speedup < MIN_EXPECTED_SPEEDUP:
         return RuntimeChoice(plain_dtype, None, plain_dtype,
-                             f"plain decoding in {plain_dtype}: the best tree here ({len(best_nodes) + 1} tokens in "
-                             f"{best_dtype}) is expected at only {speedup:.2f}x ({estimate})",
+                             f"plain decoding in {dtype_name(plain_dtype)}: the best tree here ({len(best_nodes) + 1} "
+                             f"tokens in {dtype_name(best_dtype)}) is expected at only {speedup:.2f}x ({estimate})",
                              1.0, 1.0)
     kind = "tree"
     if dynamic and tree is None and DynamicTree(len(best_nodes)).fits(num_heads):
@@ -96,6 +99,6 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
     elif isinstance(best_nodes, DynamicTree):
         kind = "dynamic tree"
     return RuntimeChoice(best_dtype, best_nodes, plain_dtype,
-                         f"{best_dtype}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token {kind}: "
+                         f"{dtype_name(best_dtype)}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token {kind}: "
                          f"expected {speedup:.2f}x ({estimate})",
                          round(1 + expected, 4), round(speedup, 4))

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.outputs import replace_atomic, write_atomic
+from inference.runtime.outputs import replace_atomic, write_atomic
 from medusa_choices import TreeError
 
 LAYOUTS = ("shared_lm_head", "own_lm_head")
@@ -144,7 +144,7 @@ def token_input(hidden_size: int, tokens: int) -> nn.Linear:
     return linear
 
 
-def tokens_read(head_input: str, head: int) -> int:
+def tokens_read_by(head_input: str, head: int) -> int:
     """How many tokens after t (t+1, t+2, ...) head `head` reads besides the hidden state of token t."""
     return {"hidden": 0, "hidden_and_next_token": 1, "hidden_and_path": head + 1}[head_input]
 
@@ -154,7 +154,7 @@ class MedusaHeads(nn.ModuleList):
 
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
         own = config.medusa_head_layout == "own_lm_head"
-        reads = [tokens_read(config.medusa_head_input, i) for i in range(config.medusa_num_heads)]
+        reads = [tokens_read_by(config.medusa_head_input, i) for i in range(config.medusa_num_heads)]
         super().__init__(
             nn.Sequential(
                 *([token_input(hidden_size, tokens)] if tokens else []),
@@ -166,7 +166,7 @@ class MedusaHeads(nn.ModuleList):
         self.config = config
         self.vocab_size = vocab_size
         self.own_lm_head = own
-        self.tokens_read = reads
+        self.tokens_per_head = reads  # how many tokens after t each head reads
         self.reads_tokens = any(reads)
         self.sequential = config.medusa_head_input == "hidden_and_path"
         if config.medusa_draft_vocab_size is not None:
@@ -213,12 +213,12 @@ class MedusaHeads(nn.ModuleList):
 
     def token_embeds(self, embeddings: nn.Module, following_ids: torch.Tensor) -> torch.Tensor | None:
         """The `token_embeds` these heads take from token ids [..., k] (t+1 .. t+k), or None if they read none."""
-        return embeddings(following_ids[..., : max(self.tokens_read)]) if self.reads_tokens else None
+        return embeddings(following_ids[..., : max(self.tokens_per_head)]) if self.reads_tokens else None
 
     def head_state(self, head: int, hidden: torch.Tensor, token_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """The output of one head [*hidden.shape[:-1], -1]: logits for own_lm_head, else the state that goes
         through the shared lm_head."""
-        tokens = self.tokens_read[head]
+        tokens = self.tokens_per_head[head]
         if tokens:
             if token_embeds is None or token_embeds.shape[-2] < tokens:
                 raise ValueError(f"head {head} reads the {tokens} token(s) after t: pass token_embeds")
@@ -384,4 +384,13 @@ def save_heads(heads: MedusaHeads, directory: str | os.PathLike, combined: bool 
 
 
 def write_heads_config(config: MedusaConfig, path: str | os.PathLike) -> None:
+    """The one writer of heads configs: `config` as the whole file at `path`, atomically."""
     write_atomic(path, json.dumps(config.to_dict(), indent=2) + "\n")
+
+
+def update_heads_config(path: str | os.PathLike, fields: dict) -> None:
+    """Merge `fields` into the config at `path` (a heads, combined or one-checkpoint config, whose other
+    fields stay), atomically, after checking that the result is still a valid heads config."""
+    config = json.loads(Path(path).read_text()) | fields
+    MedusaConfig.from_dict(config)
+    write_atomic(path, json.dumps(config, indent=2) + "\n")

@@ -13,12 +13,13 @@ host memory stays free (a 7B model's bf16 weights on a small CPU machine keep `F
 Everything else (fp32, fp16, another device, training with autograd) goes through `F.linear` as before.
 """
 
-import os
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from inference.engine.host_memory import free_host_memory, total_host_memory
 
 # oneDNN picks its weight layout for this many rows of input; 64 was as fast as or faster than 1 and 13
 # for both one token and a 13-token tree step on the shapes above.
@@ -37,27 +38,6 @@ def native_bf16_cpu() -> bool:
 def packing_supported() -> bool:
     """Whether oneDNN can run bf16 linears on packed weights here: without native bf16 it gains nothing."""
     return torch.backends.mkldnn.is_available() and native_bf16_cpu()
-
-
-MEMINFO = "/proc/meminfo"
-
-
-def free_host_memory(meminfo: str = MEMINFO) -> int:
-    """Bytes of host memory that can be had now: Linux's MemAvailable, which counts the page cache the kernel
-    gives back on demand. Unused pages alone (the fallback where there is no MemAvailable) shrink to little
-    on a machine that has read a few GB of files, though that memory is there for the asking."""
-    try:
-        with open(meminfo, encoding="ascii") as file:
-            for line in file:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def total_host_memory() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _fits(weight: torch.Tensor) -> bool:

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from inference.errors import UserError
-from inference.jsonl import jsonl_lines
+from inference.runtime.errors import UserError
+from inference.runtime.jsonl import jsonl_lines
 from openpangu_model import NO_THINK_SUFFIX, split_thinking
 
 PANGU_THINK_MARKERS = {"[unused16]": "<think>\n", "[unused17]": "\n</think>\n", "[unused10]": ""}

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.sampling import Sampling
+from inference.engine.sampling import Sampling
 
 
 @dataclass

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from inference.medusa_heads import MedusaHeads
+from inference.runtime.medusa_heads import MedusaHeads
+from inference.runtime.outputs import replace_atomic, write_atomic
 
 VLLM_WEIGHTS = "model.safetensors"
 
@@ -94,6 +95,7 @@ def export_vllm(heads: MedusaHeads, lm_head: torch.nn.Linear, directory: str | P
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = vllm_config(heads, lm_head.in_features, lm_head.out_features)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(vllm_state_dict(heads, lm_head), str(directory / VLLM_WEIGHTS), metadata={"format": "pt"})
+    state = vllm_state_dict(heads, lm_head)
+    replace_atomic(directory / VLLM_WEIGHTS, lambda staging: save_file(state, str(staging), metadata={"format": "pt"}))
+    write_atomic(directory / "config.json", json.dumps(config, indent=2) + "\n")
     check_vllm_names(directory)

@@ -5,9 +5,9 @@ from collections.abc import Iterator
 import torch
 from transformers import PreTrainedModel
 
-from inference.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.kv_cache import KVBuffer
-from inference.sampling import choose_tokens
+from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
+from inference.engine.kv_cache import KVBuffer
+from inference.engine.sampling import choose_tokens
 
 
 @torch.inference_mode()

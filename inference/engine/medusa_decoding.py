@@ -15,21 +15,22 @@ Acceptance rules:
 """
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from inference.context_lookup import ContextLookup
-from inference.cpu_linear import use_packed_bf16_linears
-from inference.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.dynamic_tree import Draft, draft_dynamic_tree
-from inference.kv_cache import KVBuffer
-from inference.npu_attention import NPU_ATTENTION
-from inference.sampling import Sampling, choose_tokens, probabilities
-from inference.tree_buffers import TreeBuffers, TreeMask, build_tree_buffers
+from inference.engine.context_lookup import ContextLookup
+from inference.engine.cpu_linear import use_packed_bf16_linears
+from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
+from inference.engine.draft import Draft
+from inference.engine.dynamic_tree import draft_dynamic_tree
+from inference.engine.kv_cache import KVBuffer
+from inference.engine.npu_attention import NPU_ATTENTION
+from inference.engine.sampling import Sampling, choose_tokens, probabilities
+from inference.engine.tree_buffers import TreeBuffers, TreeMask, build_tree_buffers
 from medusa_choices import DynamicTree, Tree, TreeError
 
 ACCEPTANCE_RULES = ("greedy", "sample", "typical")
@@ -71,6 +72,91 @@ def _accept_lengths(
     return agree.int().cumprod(dim=1).sum(dim=1)
 
 
+@dataclass(frozen=True, eq=False)
+class FixedTreeDrafter:
+    """Drafts the same tree shape at every step, from the heads' top-k at the accepted position."""
+
+    heads: nn.Module
+    embeddings: nn.Module
+    lm_head: nn.Module  # the heads' projection (cut to their draft vocabulary)
+    buffers: TreeBuffers
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.buffers.size
+
+    @property
+    def depth(self) -> int:
+        return self.buffers.depth
+
+    @property
+    def first_mask(self) -> torch.Tensor:
+        return self.buffers.tree_mask
+
+    @property
+    def propose_after_verification(self) -> bool:
+        """False for plain shared-lm_head heads: they run inside the verification's lm_head pass."""
+        return self.heads.propose_after_verification
+
+    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, guess=([], [])) -> Draft:
+        """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]."""
+        if self.heads.sequential:
+            tokens = self._level_by_level(root, hidden)
+        else:
+            embeds = self.heads.token_embeds(self.embeddings, root.view(1, 1))
+            head_logits = self.heads(hidden, self.lm_head, num_heads=self.depth, token_embeds=embeds)[:, 0]
+            tokens = self._tree_tokens(root, head_logits)
+        return self._draft(tokens)
+
+    def from_head_logits(self, root: torch.Tensor, head_logits: torch.Tensor) -> Draft:
+        """The step from the heads' logits [depth, V'] at the accepted position, computed in the verification."""
+        return self._draft(self._tree_tokens(root, head_logits))
+
+    def _draft(self, tokens: torch.Tensor) -> Draft:
+        return Draft(tokens, self.buffers.position_offsets, self.buffers.retrieve_indices, None)
+
+    def _tree_tokens(self, root: torch.Tensor, head_logits: torch.Tensor) -> torch.Tensor:
+        topk = self.heads.token_ids(head_logits.topk(self.buffers.topk, dim=-1).indices)  # [depth, topk]
+        return torch.cat([root.view(1), topk.flatten()])[self.buffers.tree_indices]
+
+    def _level_by_level(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Sequentially dependent heads: head d-1 reads, for every node of level d-1 with children, the tokens
+        on its path (root first) and proposes that node's children. Nodes are numbered level by level, so
+        appending each level's tokens builds the tree in node order."""
+        tokens = root.view(1)
+        for head, level in enumerate(self.buffers.levels):
+            path_embeds = self.embeddings(tokens[level.parent_paths])  # [parents, head+1, H]
+            state = self.heads.head_state(head, hidden.expand(len(level.parent_paths), -1), path_embeds)
+            logits = self.heads.project(state, self.lm_head)  # [parents, V']
+            candidates = self.heads.token_ids(logits.topk(level.topk, dim=-1).indices)  # [parents, topk]
+            tokens = torch.cat([tokens, candidates.flatten()[level.select]])
+        return tokens
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicTreeDrafter:
+    """Drafts a new tree at every step from the heads' probabilities and the context-lookup guess."""
+
+    heads: nn.Module
+    embeddings: nn.Module
+    lm_head: nn.Module
+    tree: DynamicTree
+    depth: int
+    device: torch.device
+    propose_after_verification = True  # a second lm_head pass would cost more than drafting after it
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.tree.nodes + 1
+
+    @property
+    def first_mask(self) -> torch.Tensor:
+        return torch.eye(self.tokens_per_step, dtype=torch.bool, device=self.device)
+
+    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, guess=([], [])) -> Draft:
+        return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, guess)
+
+
 class MedusaDecoder:
     """Verifies Medusa proposals for one base model + heads; tree buffers are built once per (tree, device)."""
 
@@ -99,35 +185,8 @@ class MedusaDecoder:
             self._proposal_lm_heads = {key: use_packed_bf16_linears(self.heads.proposal_lm_head(self.base_model.lm_head))}
         return self._proposal_lm_heads[key]
 
-    def _tree_tokens(self, root: torch.Tensor, head_logits: torch.Tensor, buffers: TreeBuffers) -> torch.Tensor:
-        """Tree tokens [T] from the root token and the heads' logits [depth, V'] at the accepted position."""
-        topk = self.heads.token_ids(head_logits.topk(buffers.topk, dim=-1).indices)  # [depth, topk]
-        return torch.cat([root.view(1), topk.flatten()])[buffers.tree_indices]
-
-    def _draft(self, hidden: torch.Tensor, root: torch.Tensor, buffers: TreeBuffers, lm_head: nn.Module) -> torch.Tensor:
-        """Tree tokens [T] proposed at one position (hidden [1, H]) whose next token is `root` [1]."""
-        if self.heads.sequential:
-            return self._draft_level_by_level(hidden, root, buffers, lm_head)
-        embeds = self.heads.token_embeds(self._embeddings, root.view(1, 1))
-        head_logits = self.heads(hidden, lm_head, num_heads=buffers.depth, token_embeds=embeds)[:, 0]
-        return self._tree_tokens(root, head_logits, buffers)
-
-    def _draft_level_by_level(self, hidden: torch.Tensor, root: torch.Tensor, buffers: TreeBuffers,
-                              lm_head: nn.Module) -> torch.Tensor:
-        """Sequentially dependent heads: head d-1 reads, for every node of level d-1 with children, the tokens
-        on its path (root first) and proposes that node's children. Nodes are numbered level by level, so
-        appending each level's tokens builds the tree in node order."""
-        tokens = root.view(1)
-        for head, level in enumerate(buffers.levels):
-            path_embeds = self._embeddings(tokens[level.parent_paths])  # [parents, head+1, H]
-            state = self.heads.head_state(head, hidden.expand(len(level.parent_paths), -1), path_embeds)
-            logits = self.heads.project(state, lm_head)  # [parents, V']
-            candidates = self.heads.token_ids(logits.topk(level.topk, dim=-1).indices)  # [parents, topk]
-            tokens = torch.cat([tokens, candidates.flatten()[level.select]])
-        return tokens
-
     def _verify_logits(self, node_hidden: torch.Tensor, depth: int,
-                       with_heads: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       propose_after_verification: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(base logits [T, V], heads' logits [depth, T, V] or None).
 
         Plain shared-lm_head heads run on every tree node and their states go through the SAME lm_head
@@ -135,41 +194,21 @@ class MedusaDecoder:
         memory-bound, so the extra rows are nearly free). Other heads, and dynamic trees, run after acceptance.
         """
         lm_head = self.base_model.lm_head
-        if not with_heads:
+        if propose_after_verification:
             return lm_head(node_hidden), None
         size = node_hidden.shape[0]
         states = self.heads.states(node_hidden, depth).reshape(depth * size, -1).to(node_hidden.dtype)
         logits = lm_head(torch.cat([node_hidden, states]))
         return logits[:size], logits[size:].view(depth, size, -1)
 
-    def drafter(self, tree: Tree | DynamicTree) -> tuple[int, int, torch.Tensor, bool, Callable[..., Draft]]:
-        """(tokens per step, depth, the first step's tree mask, whether the heads run in the verification pass,
-        draft(root [1], hidden [1, H] of the position whose next token is root, or that position's head logits
-        [depth, V] when the heads ran in the verification pass, guess = a ContextLookup guess for dynamic
-        trees with lookup) -> Draft)."""
-        proposal_lm_head = self.proposal_lm_head()
+    def drafter(self, tree: Tree | DynamicTree) -> FixedTreeDrafter | DynamicTreeDrafter:
+        """How each step of `tree` is drafted with these heads (checked against them)."""
         if isinstance(tree, DynamicTree):
             tree.checked(self.heads.num_heads)
             self.heads.check_top_k(tree.top_k)
-            depth = tree.depth(self.heads.num_heads)
-
-            def draft_dynamic(root, hidden=None, head_logits=None, guess=([], [])):
-                return draft_dynamic_tree(self.heads, self._embeddings, proposal_lm_head, hidden, root, tree, depth,
-                                          guess)
-
-            eye = torch.eye(tree.nodes + 1, dtype=torch.bool, device=self.base_model.device)
-            return tree.nodes + 1, depth, eye, False, draft_dynamic
-        buffers = self.tree_buffers(tree)
-
-        def draft_static(root, hidden=None, head_logits=None, guess=([], [])):
-            if head_logits is None:
-                tokens = self._draft(hidden, root, buffers, proposal_lm_head)
-            else:
-                tokens = self._tree_tokens(root, head_logits, buffers)
-            return Draft(tokens, buffers.position_offsets, buffers.retrieve_indices, None)
-
-        in_verification = not self.heads.propose_after_verification
-        return buffers.size, buffers.depth, buffers.tree_mask, in_verification, draft_static
+            return DynamicTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), tree,
+                                      tree.depth(self.heads.num_heads), self.base_model.device)
+        return FixedTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), self.tree_buffers(tree))
 
     @torch.inference_mode()
     def decode(
@@ -180,12 +219,15 @@ class MedusaDecoder:
         stats = stats if stats is not None else DecodeStats()
         model, lm_head = self.base_model, self.base_model.lm_head
         check_request(request, getattr(model.config, "max_position_embeddings", None))
-        size, depth, tree_mask, heads_in_verification, draft = self.drafter(tree)
+        if acceptance.rule == "greedy" and not request.sampling.greedy:
+            raise ValueError("greedy acceptance needs temperature 0 (use sample or typical acceptance to sample)")
+        drafter = self.drafter(tree)
+        size, depth = drafter.tokens_per_step, drafter.depth
         device, dtype = model.device, model.dtype
         # room for the last step's tree and for the KV keep's fixed depth + 1 entries (a lookup chain may be deeper)
         capacity = len(request.input_ids) + request.max_new_tokens + max(size, depth + 1)
         cache = KVBuffer(model.config, capacity, device, dtype)
-        mask = TreeMask(tree_mask, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
+        mask = TreeMask(drafter.first_mask, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
         generator = request.generator(device)
         sampling = request.sampling
         emitter = StepEmitter(request, stats)
@@ -208,7 +250,7 @@ class MedusaDecoder:
         yield tokens
         if emitter.done:
             return
-        step = draft(root, hidden, guess=guess(tokens))
+        step = drafter.from_hidden(root, hidden, guess(tokens))
 
         while True:
             start = cache.length
@@ -222,7 +264,7 @@ class MedusaDecoder:
                 attention_mask=mask.for_length(start),
             )
             node_hidden = out.last_hidden_state[0]  # [T, H]
-            node_logits, all_head_logits = self._verify_logits(node_hidden, depth, heads_in_verification)
+            node_logits, all_head_logits = self._verify_logits(node_hidden, depth, drafter.propose_after_verification)
             predictions = torch.cat([choose_tokens(node_logits, sampling, generator), pad])  # [T+1], -1 = padding
             candidates = torch.cat([step.tokens, pad])[step.paths]  # [P, depth+1]
             accepted = _accept_lengths(candidates, node_logits, predictions, step.paths, sampling, acceptance)
@@ -233,8 +275,8 @@ class MedusaDecoder:
             path = step.paths.index_select(0, best)[0]  # [depth+1], -1 padded
             # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
             packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]]).tolist()
-            accepted_count = packed[0]
-            tokens = emitter.emit(packed[1 : 1 + accepted_count] + [packed[1 + depth + accepted_count]])
+            accepted_count, path_candidates, path_predictions = packed[0], packed[1 : 1 + depth], packed[1 + depth :]
+            tokens = emitter.emit(path_candidates[:accepted_count] + [path_predictions[accepted_count]])
             yield tokens
             if emitter.done:
                 return
@@ -242,6 +284,6 @@ class MedusaDecoder:
             node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
             root = predictions.index_select(0, node)
             if all_head_logits is None:
-                step = draft(root, node_hidden.index_select(0, node), guess=guess(tokens))
+                step = drafter.from_hidden(root, node_hidden.index_select(0, node), guess(tokens))
             else:
-                step = draft(root, head_logits=all_head_logits.index_select(1, node)[:, 0])
+                step = drafter.from_head_logits(root, all_head_logits.index_select(1, node)[:, 0])

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from inference.errors import UserError
+from inference.runtime.errors import UserError
 
 
 def check_writable(path: Path, what: str) -> None:

@@ -5,7 +5,7 @@ a property of the hardware: on a CPU with native bf16 a 13-token forward costs ~
 AVX2-only CPU ~5x in bf16 but ~1.3x in fp32, on a GPU or NPU about 1x up to 64 tokens. So the costs are
 measured, once per (machine, torch, threads, base model, heads, dtypes), and cached as JSON under
 `$OPENPANGU_MEDUSA_HOME/calibration/`. A profile is plain data (`StepProfile`), so the choice it drives
-(`inference.runtime_choice`) can be tested with any machine's numbers.
+(`inference.runtime.runtime_choice`) can be tested with any machine's numbers.
 """
 
 import copy
@@ -18,37 +18,40 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from inference.cpu_linear import free_host_memory, native_bf16_cpu, packing_supported
-from inference.demo_model import cache_home
-from inference.devices import DTYPES, synchronize
-from inference.decoding import DecodeRequest
-from inference.medusa_decoding import MedusaDecoder
-from inference.outputs import exclusive, write_atomic
-from inference.plain_decoding import plain_decode
+from inference.engine.cpu_linear import native_bf16_cpu, packing_supported
+from inference.engine.host_memory import free_host_memory
+from inference.runtime.devices import DTYPES, dtype_name, synchronize
+from inference.runtime.home import cache_home
+from inference.engine.decoding import DecodeRequest
+from inference.engine.medusa_decoding import MedusaDecoder
+from inference.runtime.outputs import exclusive, write_atomic
+from inference.engine.plain_decoding import plain_decode
 from medusa_choices import DynamicTree, Tree, mc_sim_7b_63
 
 # Tokens per Medusa step (root included) that are timed; other sizes are interpolated.
 CPU_STEP_SIZES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
 ACCELERATOR_STEP_SIZES = CPU_STEP_SIZES + (49, 64)
-CANDIDATE_DTYPES = {"cpu": ("bf16", "fp32"), "cuda": ("bf16", "fp16"), "npu": ("bf16", "fp16")}
+CANDIDATE_DTYPES = {"cpu": (torch.bfloat16, torch.float32), "cuda": (torch.bfloat16, torch.float16),
+                    "npu": (torch.bfloat16, torch.float16)}
 CONTEXT = 256  # cached tokens while timing
 ROUNDS = 5
 
 
 @dataclass
 class StepProfile:
-    """Measured ms of a plain token and of Medusa steps of `tokens` tokens, per dtype name (bf16, fp32...)."""
+    """Measured ms of a plain token and of Medusa steps of `tokens` tokens, per dtype (named bf16, fp32... in
+    its JSON)."""
 
-    plain_ms: dict[str, float]
-    step_ms: dict[str, dict[int, float]]
+    plain_ms: dict[torch.dtype, float]
+    step_ms: dict[torch.dtype, dict[int, float]]
     hardware: str = ""
 
-    def tree_step_ms(self, dtype: str, tokens: int) -> float:
+    def tree_step_ms(self, dtype: torch.dtype, tokens: int) -> float:
         """ms of a `tokens`-token Medusa step: measured, or linear between (beyond) the nearest sizes."""
         points = sorted(self.step_ms[dtype].items())
         if len(points) == 1 or tokens <= points[0][0]:
@@ -59,14 +62,16 @@ class StepProfile:
         return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"plain_ms": {dtype_name(d): ms for d, ms in self.plain_ms.items()},
+                "step_ms": {dtype_name(d): table for d, table in self.step_ms.items()}, "hardware": self.hardware}
 
     @classmethod
-    def from_dict(cls, data: dict, dtypes: list[str] | None = None, sizes: tuple[int, ...] | None = None) -> "StepProfile":
+    def from_dict(cls, data: dict, dtypes: list[torch.dtype] | None = None,
+                  sizes: tuple[int, ...] | None = None) -> "StepProfile":
         """The profile in `data`, checked: timings for the same dtypes (`dtypes`, where given) and step sizes
         (`sizes`, where given) in each, every one a finite positive number of ms."""
-        step_ms = {dtype: {int(t): float(ms) for t, ms in table.items()} for dtype, table in data["step_ms"].items()}
-        plain_ms = {dtype: float(ms) for dtype, ms in data["plain_ms"].items()}
+        step_ms = {DTYPES[name]: {int(t): float(ms) for t, ms in table.items()} for name, table in data["step_ms"].items()}
+        plain_ms = {DTYPES[name]: float(ms) for name, ms in data["plain_ms"].items()}
         if not plain_ms or set(step_ms) != set(plain_ms) or (dtypes is not None and set(plain_ms) != set(dtypes)):
             raise ValueError("a calibration profile needs plain and step timings for the same dtypes")
         if sizes is not None and any(set(table) != set(sizes) for table in step_ms.values()):
@@ -168,36 +173,34 @@ def free_memory(device: torch.device) -> int:
     return (torch.cuda if device.type == "cuda" else torch.npu).mem_get_info(device)[0]
 
 
-def copy_fits(model, name: str) -> bool:
-    """Whether a copy of the model in dtype `name` fits beside it, with a fifth to spare for the timed steps
+def copy_fits(model, dtype: torch.dtype) -> bool:
+    """Whether a copy of the model in `dtype` fits beside it, with a fifth to spare for the timed steps
     (a 7B model's fp32 copy does not fit on most CPUs that hold its bf16 weights)."""
-    dtype = DTYPES[name]
     if model.dtype == dtype:
         return True
     needed = sum(p.numel() for p in model.parameters()) * torch.finfo(dtype).bits // 8
     return needed * 1.2 < free_memory(model.device)
 
 
-def measure(model, heads, dtypes: list[str], sizes: tuple[int, ...], rounds: int = ROUNDS,
+def measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...], rounds: int = ROUNDS,
             progress=None) -> StepProfile:
     """Time the plain token and every step size in every dtype, all interleaved round after round."""
     runners = {}
-    for name in dtypes:
-        dtype = DTYPES[name]
+    for dtype in dtypes:
         model_d = model_in_dtype(model, dtype)
-        runners[(name, 1)] = step_runner(model_d, rounds + 1)
+        runners[(dtype, 1)] = step_runner(model_d, rounds + 1)
         heads_d = copy.deepcopy(heads).to(dtype=dtype) if sizes else None
         for tokens in sizes:
-            runners[(name, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads), heads_d)
+            runners[(dtype, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads), heads_d)
     ms = interleaved_ms(runners, rounds, model.device, progress)
     return StepProfile(
-        plain_ms={name: round(ms[(name, 1)], 3) for name in dtypes},
-        step_ms={name: {tokens: round(ms[(name, tokens)], 3) for tokens in sizes} for name in dtypes},
+        plain_ms={dtype: round(ms[(dtype, 1)], 3) for dtype in dtypes},
+        step_ms={dtype: {tokens: round(ms[(dtype, tokens)], 3) for tokens in sizes} for dtype in dtypes},
         hardware=hardware_description(model.device),
     )
 
 
-def profile_key(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> dict:
+def profile_key(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> dict:
     """What the costs depend on: a different machine, torch, thread count, model, heads or dtype re-measures."""
     c = model.config
     h = heads.config if heads is not None else None
@@ -210,7 +213,7 @@ def profile_key(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> dict
                                          h.medusa_head_input, h.medusa_draft_vocab_size],
         "trees": "dynamic" if heads is not None and heads.propose_after_verification else "fixed",
         "cpu_bf16_linears": "packed" if model.device.type == "cpu" and packing_supported() else "aten",
-        "dtypes": list(dtypes),
+        "dtypes": [dtype_name(d) for d in dtypes],
         "sizes": list(sizes),
         "context": CONTEXT,
         "rounds": ROUNDS,
@@ -226,19 +229,20 @@ def profile_path(key: dict) -> Path:
     return calibration_dir() / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
 
 
-def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> StepProfile:
+def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None) -> StepProfile:
     """The cached profile of this machine and model, measuring it first if there is none (or it is unreadable).
 
-    `heads` None: plain steps only. `dtypes`: dtype names to consider (default: the device's candidates).
+    `heads` None: plain steps only. `dtypes`: the dtypes to consider (default: the device's candidates).
     `log`: where the one-line notices go (default stderr).
     """
     log = log or (lambda line: print(line, file=sys.stderr))
     device_type = model.device.type
     dtypes = list(dtypes or CANDIDATE_DTYPES[device_type])
-    skipped = [name for name in dtypes if not copy_fits(model, name)]
+    skipped = [dtype for dtype in dtypes if not copy_fits(model, dtype)]
     if skipped:
-        log(f"not timing {', '.join(skipped)}: a copy of the model in it does not fit in the free memory")
-        dtypes = [name for name in dtypes if name not in skipped]
+        log(f"not timing {', '.join(map(dtype_name, skipped))}: a copy of the model in it does not fit in the "
+            "free memory")
+        dtypes = [dtype for dtype in dtypes if dtype not in skipped]
     sizes = () if heads is None else CPU_STEP_SIZES if device_type == "cpu" else ACCELERATOR_STEP_SIZES
     key = profile_key(model, heads, dtypes, sizes)
     path = profile_path(key)
@@ -246,7 +250,7 @@ def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> Ste
     if profile is not None:
         return profile
     steps = f"the plain step and {len(sizes)} tree step sizes" if sizes else "the plain step"
-    what = f"step costs for this machine and model ({', '.join(dtypes)}; {steps})"
+    what = f"step costs for this machine and model ({', '.join(map(dtype_name, dtypes))}; {steps})"
     if not _writable(path.parent):
         log(f"Calibrating {what} for this run only: {path.parent} cannot be written (set OPENPANGU_MEDUSA_HOME "
             "to a writable directory to keep the result)")
@@ -262,7 +266,7 @@ def step_profile(model, heads, dtypes: list[str] | None = None, log=None) -> Ste
     return profile
 
 
-def read_profile(path: Path, dtypes: list[str], sizes: tuple[int, ...], log) -> StepProfile | None:
+def read_profile(path: Path, dtypes: list[torch.dtype], sizes: tuple[int, ...], log) -> StepProfile | None:
     """The profile cached at `path`; None where there is none, or it is unreadable (said, so it is measured again)."""
     if not path.is_file():
         return None
@@ -281,7 +285,7 @@ def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK | os.X_OK)
 
 
-def _measure(model, heads, dtypes: list[str], sizes: tuple[int, ...]) -> StepProfile:
+def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> StepProfile:
     from tqdm import tqdm
 
     with tqdm(total=ROUNDS + 1, desc="calibrating", unit="round", file=sys.stderr) as progress:

@@ -56,3 +56,21 @@ def probability(text: str) -> float:
 def fraction(text: str) -> float:
     """A number in [0, 1)."""
     return _number(float, text, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+DEMO_DEFAULT = "the embedded demo model, SmolLM2-135M-Instruct, prepared on first use"
+
+
+def add_model_args(parser: argparse.ArgumentParser, dtype_default: str = "auto", auto: bool = True,
+                   base_model_default: str = DEMO_DEFAULT) -> None:
+    """--base_model, --device, --dtype and --threads, as every command line takes them. `auto` False: the
+    command has no calibrated choice to make (training), so --dtype auto is not offered."""
+    group = parser.add_argument_group("model and hardware")
+    group.add_argument("--base_model", help=f"model directory or Hub repo id (default: {base_model_default})")
+    group.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | npu[:N]; auto prefers npu, then cuda")
+    choices = ("auto", "checkpoint", "bf16", "fp16", "fp32") if auto else ("checkpoint", "bf16", "fp16", "fp32")
+    group.add_argument("--dtype", default=dtype_default, choices=choices,
+                       help="checkpoint: the dtype its weights are stored in"
+                       + ("; auto: the fastest here, from a one-time calibration of this machine (cached in "
+                          "$OPENPANGU_MEDUSA_HOME/calibration)" if auto else ""))
+    group.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")

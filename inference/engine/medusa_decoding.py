@@ -99,7 +99,8 @@ class FixedTreeDrafter:
         return self.heads.propose_after_verification
 
     def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, guess=([], [])) -> Draft:
-        """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]."""
+        """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]
+        (a fixed tree has no lookup chain: `guess` is taken for the drafters' common signature, and unused)."""
         if self.heads.sequential:
             tokens = self._level_by_level(root, hidden)
         else:

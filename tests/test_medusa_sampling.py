@@ -170,3 +170,11 @@ def test_typical_acceptance_accepts_exactly_the_candidates_above_its_threshold()
     assert set(typical_accept_lengths(threshold=1.0, alpha=1e9)) == {1}
     every = typical_accept_lengths(threshold=0.0, alpha=0.0)
     assert set(every) <= {4, 3} and every[4] >= 9  # the whole 3-node chain each step (3: the last, cut short)
+
+
+def test_greedy_acceptance_refuses_a_temperature_above_zero():
+    model = tiny_vocab_model()
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=2))
+    request = DecodeRequest(PROMPT, 4, (), Sampling(temperature=0.8), seed=0)
+    with pytest.raises(ValueError, match="greedy acceptance needs temperature 0"):
+        next(decoder.decode(request, load_tree("chain_2"), Acceptance("greedy")))

@@ -125,3 +125,14 @@ def test_the_heads_config_of_a_combined_directory_is_its_medusa_config(tiny_pang
     MedusaModel(model, random_heads(model, num_heads=2)).save_pretrained(tmp_path / "combined", layout="combined")
     assert heads_config_path(tmp_path / "heads") == tmp_path / "heads" / "config.json"
     assert heads_config_path(tmp_path / "combined") == tmp_path / "combined" / COMBINED_CONFIG
+
+
+def test_a_medusa_model_takes_a_tree_or_a_runtime_choice_not_both(tiny_pangu):
+    from inference.runtime.runtime_choice import RuntimeChoice
+    from medusa_choices import load_tree
+
+    model = tiny_pangu[1]
+    runtime = RuntimeChoice.as_given(torch.float32, load_tree("chain_2"))
+    assert MedusaModel(model, random_heads(model, num_heads=2), runtime=runtime).tree == load_tree("chain_2")
+    with pytest.raises(ValueError, match="not both"):
+        MedusaModel(model, random_heads(model, num_heads=2), tree=load_tree("tree_8"), runtime=runtime)

@@ -289,12 +289,17 @@ def test_heads_with_a_draft_vocabulary_train_over_its_rows_and_skip_targets_outs
     assert [counted for _, _, counted in module.last_accuracy] == [3, 3]  # accuracy counts every target
 
 
-def test_hidden_states_are_cached_beside_the_data_and_remade_when_it_changes(distilled, tiny_pangu, tmp_path, monkeypatch):
-    model = tiny_pangu[1]
-    data = tmp_path / "data.jsonl"
+def cached_copy(distilled, model, directory):
+    """(data, samples, hidden rows) of a copy of the distilled data whose hidden states were just cached."""
+    data = directory / "data.jsonl"
     data.write_bytes(distilled[1].read_bytes())
     samples = read_samples(data)
-    first = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    return data, samples, medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+
+
+def test_hidden_states_are_cached_beside_the_data_and_remade_when_it_changes(distilled, tiny_pangu, tmp_path, monkeypatch):
+    model = tiny_pangu[1]
+    data, samples, first = cached_copy(distilled, model, tmp_path)
     assert (tmp_path / "data.jsonl.hidden.pt").is_file()
 
     def base_forward(*args, **kwargs):
@@ -314,10 +319,7 @@ def test_hidden_states_are_cached_beside_the_data_and_remade_when_it_changes(dis
 
 def test_a_corrupt_hidden_state_cache_is_made_again_with_a_notice(distilled, tiny_pangu, tmp_path, capsys):
     model = tiny_pangu[1]
-    data = tmp_path / "data.jsonl"
-    data.write_bytes(distilled[1].read_bytes())
-    samples = read_samples(data)
-    first = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    data, samples, first = cached_copy(distilled, model, tmp_path)
     cache = tmp_path / "data.jsonl.hidden.pt"
     cache.write_bytes(cache.read_bytes()[:100])
     again = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)

@@ -144,6 +144,11 @@ DYNAMIC = "dynamic"
 LOOKUP = "lookup"
 
 
+def ranks_taken(tree: Tree | DynamicTree) -> int:
+    """The most proposals a node of `tree` takes from one head: the highest rank + 1 (top_k, dynamic)."""
+    return tree.top_k if isinstance(tree, DynamicTree) else 1 + max(max(path) for path in tree)
+
+
 def parse_dynamic(name: str) -> DynamicTree | None:
     """`dynamic` (16 nodes), `dynamic:N`, and either with `:lookup=K` (K context-lookup candidates, 0 for
     none) as a DynamicTree; None for any other name."""

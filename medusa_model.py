@@ -7,7 +7,7 @@
 
 `from_pretrained` is the one place that decides which base, which heads, which tree and which dtype:
 the command lines, `medusa_compat`, the benchmark and `convert_medusa` all load through it. The heads
-themselves and their files are `inference.runtime.medusa_heads`; the decoding engine is `inference.*_decoding`.
+themselves and their files are `inference.runtime.medusa_heads`; the decoding engine is `inference.engine`.
 """
 
 import json
@@ -19,18 +19,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.runtime.calibration import step_profile
 from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
+from inference.engine.plain_decoding import plain_decode
+from inference.engine.sampling import Sampling
+from inference.runtime.calibration import step_profile
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
 from inference.runtime.loading import load_base, resolve_model_dir
-from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.engine.plain_decoding import plain_decode
 from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime
-from inference.engine.sampling import Sampling
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -103,7 +103,7 @@ def given_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: 
             chosen = validate_tree(stored, heads.num_heads) if isinstance(stored, list) else load_tree(stored, heads.num_heads)
     else:
         chosen = load_tree(tree, heads.num_heads)
-    heads.check_top_k(chosen.top_k if isinstance(chosen, DynamicTree) else 1 + max(max(path) for path in chosen))
+    heads.check_ranks(chosen)
     return chosen
 
 

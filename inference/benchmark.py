@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
+from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.engine.plain_decoding import plain_decode
 from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
 from inference.runtime.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
 from inference.runtime.chat import prompt_ids, read_prompts
-from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.runtime.devices import dtype_name, parse_dtype, resolve_device, set_threads, synchronize
 from inference.runtime.errors import UserError, run_command
 from inference.runtime.outputs import check_output_file, replace_atomic, write_atomic
-from inference.engine.plain_decoding import plain_decode
 from medusa_model import MedusaModel
 
 BUILTIN_PROMPTS = Path(__file__).with_name("benchmark_prompts.jsonl")

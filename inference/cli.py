@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.engine.sampling import Sampling
 from inference.runtime.arguments import ArgumentParser, add_model_args, non_negative_float, positive_int, probability
 from inference.runtime.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
-from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.runtime.devices import parse_dtype, resolve_device, set_threads
 from inference.runtime.errors import run_command
 from inference.runtime.loading import is_pangu
-from inference.engine.sampling import Sampling
 
 Decode = Callable[[DecodeRequest, DecodeStats], Iterator[list[int]]]
 

@@ -14,8 +14,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-from inference.runtime.arguments import ArgumentParser, non_negative_int
 from inference.benchmark import load_benchmark_prompts
+from inference.runtime.arguments import ArgumentParser, non_negative_int
 from inference.runtime.errors import UserError, run_command
 from inference.runtime.jsonl import jsonl_lines
 from inference.runtime.outputs import check_output_file, write_atomic

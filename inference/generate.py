@@ -8,11 +8,11 @@ import sys
 
 import torch
 
-from inference.runtime.calibration import step_profile
 from inference.cli import Session, base_parser, run_cli
+from inference.engine.plain_decoding import plain_decode
+from inference.runtime.calibration import step_profile
 from inference.runtime.devices import AUTO, dtype_name
 from inference.runtime.loading import load_base
-from inference.engine.plain_decoding import plain_decode
 from inference.runtime.runtime_choice import fastest_plain_dtype
 
 

@@ -13,11 +13,11 @@ import sys
 
 import torch
 
-from inference.runtime.arguments import non_negative_float
 from inference.cli import Session, base_parser, run_cli
+from inference.engine.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
+from inference.runtime.arguments import non_negative_float
 from inference.runtime.devices import dtype_name
 from inference.runtime.errors import UserError
-from inference.engine.medusa_decoding import ACCEPTANCE_RULES, Acceptance, default_rule
 from medusa_choices import DEFAULT_LOOKUP, NAMED_TREES, DynamicTree
 from medusa_model import MedusaModel
 

@@ -7,8 +7,8 @@ import torch
 
 import medusa_model
 from inference import medusa_generate
-from inference.runtime.calibration import StepProfile
 from inference.engine.decoding import DecodeRequest, eos_ids
+from inference.runtime.calibration import StepProfile
 from inference.runtime.medusa_heads import COMBINED_CONFIG, heads_config_path
 from medusa_choices import TreeError, load_tree
 from medusa_helpers import plain_greedy, random_heads, random_prompts

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from inference import medusa_generate
-from inference.runtime.errors import UserError
-from inference.runtime.loading import load_causal_lm
 from inference.engine.decoding import DecodeRequest
 from inference.engine.medusa_decoding import MedusaDecoder
+from inference.runtime.errors import UserError
+from inference.runtime.loading import load_causal_lm
 from inference.runtime.outputs import exclusive
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts

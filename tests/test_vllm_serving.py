@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from inference import convert_medusa
-from inference.runtime.chat import prompt_ids
 from inference.engine.decoding import DecodeRequest, DecodeStats
-from inference.runtime.loading import load_causal_lm
 from inference.engine.medusa_decoding import MedusaDecoder
+from inference.runtime.chat import prompt_ids
+from inference.runtime.loading import load_causal_lm
 from medusa_choices import load_tree
 from medusa_helpers import plain_greedy, random_prompts
 from medusa_model import load_heads

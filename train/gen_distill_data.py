@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from inference.runtime.chat import prompt_ids
 from inference.engine.decoding import eos_ids
 from inference.runtime.arguments import ArgumentParser, add_model_args, non_negative_float, non_negative_int, positive_int
+from inference.runtime.chat import prompt_ids
 from inference.runtime.errors import UserError, run_command
 from inference.runtime.jsonl import jsonl_lines
 from inference.runtime.loading import load_base_from_args

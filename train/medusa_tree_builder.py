@@ -17,14 +17,14 @@ import sys
 
 import torch
 
+from inference.engine.medusa_decoding import MedusaDecoder
 from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
 from inference.runtime.errors import UserError, run_command
 from inference.runtime.loading import load_base_from_args
-from inference.engine.medusa_decoding import MedusaDecoder
-from medusa_choices import DynamicTree, Tree, best_tree
-from medusa_model import resolve_sources
 from inference.runtime.medusa_heads import heads_config_path, load_heads, update_heads_config
 from inference.runtime.outputs import check_output_file, write_atomic
+from medusa_choices import DynamicTree, Tree, best_tree
+from medusa_model import resolve_sources
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
 

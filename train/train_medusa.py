@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from inference.runtime.arguments import (ArgumentParser, add_model_args, fraction, non_negative_float,
+                                         non_negative_int, positive_float, positive_int)
 from inference.runtime.demo_model import DEMO_NAME
-from inference.runtime.arguments import (ArgumentParser, add_model_args, fraction, non_negative_float, non_negative_int, positive_float,
-                                 positive_int)
 from inference.runtime.devices import resolve_device
 from inference.runtime.errors import UserError, run_command
 from inference.runtime.loading import load_base_from_args

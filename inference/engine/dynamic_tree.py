@@ -5,8 +5,7 @@ alone at level 1) with head d-1, which reads each node's token path like any seq
 A node's score is the log of the product of the probabilities on its path, less a hair per level so a
 child always scores below its parent, also where a head gives its token probability 1.0 (`_below`): the
 `nodes` best-scoring candidates then always include their parents, so the chosen tree is prefix-closed
-without a search. Every shape is fixed by the tree's
-parameters, so drafting adds no device-to-host read.
+without a search. Every shape is fixed by the tree's parameters, so drafting adds no device-to-host read.
 """
 
 import math

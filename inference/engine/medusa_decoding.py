@@ -174,7 +174,6 @@ class MedusaDecoder:
             buffers = build_tree_buffers(tree, self.base_model.device)
             if buffers.depth > self.heads.num_heads:
                 raise TreeError(f"the tree is {buffers.depth} levels deep but there are {self.heads.num_heads} heads")
-            self.heads.check_top_k(buffers.topk)
             self._buffers[key] = buffers
         return self._buffers[key]
 
@@ -204,9 +203,9 @@ class MedusaDecoder:
 
     def drafter(self, tree: Tree | DynamicTree) -> FixedTreeDrafter | DynamicTreeDrafter:
         """How each step of `tree` is drafted with these heads (checked against them)."""
+        self.heads.check_ranks(tree)
         if isinstance(tree, DynamicTree):
             tree.checked(self.heads.num_heads)
-            self.heads.check_top_k(tree.top_k)
             return DynamicTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), tree,
                                       tree.depth(self.heads.num_heads), self.base_model.device)
         return FixedTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), self.tree_buffers(tree))

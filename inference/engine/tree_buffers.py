@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from medusa_choices import Tree, validate_tree
+from medusa_choices import Tree, ranks_taken, validate_tree
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class TreeBuffers:
 def build_tree_buffers(tree: Tree, device: torch.device | str = "cpu") -> TreeBuffers:
     paths = validate_tree(tree)
     node_of = {(): 0} | {tuple(p): i + 1 for i, p in enumerate(paths)}
-    topk = max(max(p) for p in paths) + 1
+    topk = ranks_taken(paths)
     depth = max(len(p) for p in paths)
     size = len(paths) + 1
 

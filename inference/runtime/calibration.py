@@ -12,7 +12,6 @@ import copy
 import hashlib
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -24,13 +23,14 @@ from pathlib import Path
 import torch
 
 from inference.engine.cpu_linear import native_bf16_cpu, packing_supported
-from inference.engine.host_memory import free_host_memory
-from inference.runtime.devices import DTYPES, dtype_name, synchronize
-from inference.runtime.home import cache_home
 from inference.engine.decoding import DecodeRequest
+from inference.engine.host_memory import free_host_memory
 from inference.engine.medusa_decoding import MedusaDecoder
-from inference.runtime.outputs import exclusive, write_atomic
 from inference.engine.plain_decoding import plain_decode
+from inference.runtime.devices import DTYPES, dtype_name, synchronize
+from inference.runtime.errors import UserError
+from inference.runtime.home import cache_home
+from inference.runtime.outputs import check_writable, exclusive, write_atomic
 from medusa_choices import DynamicTree, Tree, mc_sim_7b_63
 
 # Tokens per Medusa step (root included) that are timed; other sizes are interpolated.
@@ -251,10 +251,13 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
         return profile
     steps = f"the plain step and {len(sizes)} tree step sizes" if sizes else "the plain step"
     what = f"step costs for this machine and model ({', '.join(map(dtype_name, dtypes))}; {steps})"
-    if not _writable(path.parent):
-        log(f"Calibrating {what} for this run only: {path.parent} cannot be written (set OPENPANGU_MEDUSA_HOME "
-            "to a writable directory to keep the result)")
+    try:
+        check_writable(path.parent, "the calibration cache")
+    except UserError as error:
+        log(f"Calibrating {what} for this run only: {error} (set OPENPANGU_MEDUSA_HOME to a writable directory to "
+            "keep the result)")
         return _measure(model, heads, dtypes, sizes)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(path, on_wait=lambda: log(f"Waiting for another process that is calibrating {path} ...")):
         profile = read_profile(path, dtypes, sizes, lambda line: None)  # the other process's result, if any
         if profile is None:
@@ -275,14 +278,6 @@ def read_profile(path: Path, dtypes: list[torch.dtype], sizes: tuple[int, ...], 
     except (ValueError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as error:
         log(f"calibration file {path} is unreadable ({error}): measuring again")
         return None
-
-
-def _writable(directory: Path) -> bool:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(directory, os.W_OK | os.X_OK)
 
 
 def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> StepProfile:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from inference.runtime.outputs import replace_atomic, write_atomic
-from medusa_choices import TreeError
+from medusa_choices import DynamicTree, Tree, TreeError, ranks_taken
 
 LAYOUTS = ("shared_lm_head", "own_lm_head")
 HEAD_INPUTS = ("hidden", "hidden_and_next_token", "hidden_and_path")
@@ -183,8 +183,9 @@ class MedusaHeads(nn.ModuleList):
         """How many tokens the heads rank: their draft vocabulary's, else the whole vocabulary."""
         return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)
 
-    def check_top_k(self, top_k: int) -> None:
-        """A tree that takes the heads' top `top_k` proposals somewhere must find that many ranked tokens."""
+    def check_ranks(self, tree: Tree | DynamicTree) -> None:
+        """A tree that takes the heads' top k proposals somewhere must find that many ranked tokens."""
+        top_k = ranks_taken(tree)
         if top_k > self.proposal_size:
             raise TreeError(f"the tree takes the heads' top {top_k} proposals, but they rank only "
                             f"{self.proposal_size} tokens{' (their draft vocabulary)' if self.draft_vocab is not None else ''}")

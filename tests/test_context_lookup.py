@@ -7,7 +7,7 @@ import torch
 
 from inference.engine.context_lookup import FIRST_TOKEN_ACCURACY, NEXT_TOKEN_ACCURACY, ContextLookup
 from inference.engine.decoding import DecodeRequest, DecodeStats
-from inference.engine.dynamic_tree import draft_dynamic_tree
+from inference.engine.dynamic_tree import draft_dynamic_tree, lookup_chain
 from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import DynamicTree
 from medusa_helpers import plain_greedy, random_heads, random_prompts
@@ -53,7 +53,8 @@ def drafting(tiny_pangu):
     def draft(tree: DynamicTree, guess=([], [])):
         with torch.no_grad():
             step = draft_dynamic_tree(heads, model.get_input_embeddings(), decoder.proposal_lm_head(), hidden,
-                                      torch.tensor([5]), tree, tree.depth(heads.num_heads), guess)
+                                      torch.tensor([5]), tree, tree.depth(heads.num_heads),
+                                      lookup_chain(guess, tree.lookup, hidden.device) if tree.lookup else None)
         tokens = step.tokens.tolist()
         return step, {tuple(tokens[n] for n in path if n >= 0) for path in step.paths.tolist()}
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from inference.engine.dynamic_tree import draft_dynamic_tree
+from inference.engine.dynamic_tree import draft_dynamic_tree, lookup_chain
 from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import DEFAULT_LOOKUP, DynamicTree, TreeError, load_tree
 from medusa_helpers import random_heads, upper_half_vocab
@@ -96,7 +96,8 @@ def test_drafted_trees_are_prefix_closed_and_no_two_siblings_share_a_token(tiny_
             sure = seed % 2 == 0
             guess = (chain, [(-1e-3 if sure else -2.0) * (k + 1) for k in range(5)])
             draft = draft_dynamic_tree(heads, embeddings, lm_head, hidden, torch.tensor([5]),
-                                       DynamicTree(12, top_k=4, expand=3, lookup=5), depth=5, guess=guess)
+                                       DynamicTree(12, top_k=4, expand=3, lookup=5), depth=5,
+                                       chain=lookup_chain(guess, 5, hidden.device))
         paths, node_paths = draft.paths.tolist(), token_paths(draft)
         for node, path in enumerate(paths):
             depth = draft.position_offsets[0, node].item()

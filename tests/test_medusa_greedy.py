@@ -105,13 +105,14 @@ def test_heads_with_a_draft_vocabulary_propose_only_its_tokens_and_equal_hf_gree
     model, prompts, references = tiny
     draft = upper_half_vocab(model)
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input, draft_vocab=draft))
-    trees = []  # verification forwards (the prefill has no explicit positions): root + 16 proposals
+    trees = []  # the tokens of every verification forward (root + 16 proposals)
 
-    def record_trees(module, args, kwargs):
-        if kwargs.get("position_ids") is not None:
-            trees.append(kwargs["input_ids"][0])
+    def record_trees(module, args):
+        tokens = args[0]
+        if tokens.dim() == 1 and tokens.tolist() not in prompts:  # a forward's tokens, not a prefill or a head's path
+            trees.append(tokens)
 
-    hook = model.model.register_forward_pre_hook(record_trees, with_kwargs=True)
+    hook = model.model.embed_tokens.register_forward_pre_hook(record_trees)
     try:
         assert [medusa_ids(decoder, p, "tree_16") for p in prompts] == references
     finally:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from inference.engine.decoding import DecodeRequest
-from inference.engine.tree_buffers import TreeMask, build_tree_buffers
+from inference.engine.forward import visible_mask
+from inference.engine.tree_buffers import build_tree_buffers
 from medusa_choices import NAMED_TREES, TreeError, load_tree, validate_tree
 from medusa_helpers import hf_greedy, random_heads, random_prompts, upper_half_vocab
 from medusa_model import MedusaConfig, MedusaHeads, MedusaLoadError, MedusaModel, load_heads, save_heads
@@ -180,7 +181,7 @@ def test_tree_buffers_describe_the_tree():
     assert buffers.position_offsets.tolist() == [[0, 1, 1, 2, 2]]
     assert sorted(map(tuple, buffers.retrieve_indices.tolist())) == [(0, 1, 3), (0, 1, 4), (0, 2, -1)]
     assert buffers.tree_mask[4].tolist() == [True, True, False, False, True]
-    mask = TreeMask(buffers.tree_mask, capacity=10, dtype=torch.float32).for_length(3)
-    assert mask.shape == (1, 1, 5, 8)
-    assert (mask[0, 0, :, :3] == 0).all()
-    assert mask[0, 0, 4, 3:].tolist() == [0, 0, torch.finfo(torch.float32).min, torch.finfo(torch.float32).min, 0]
+    visible = visible_mask(buffers.tree_mask, torch.tensor([3]), capacity=10)
+    assert visible.shape == (5, 10)
+    assert visible[:, :3].all() and not visible[:, 8:].any()  # the cached text; the unwritten slots
+    assert visible[4, 3:8].tolist() == [True, True, False, False, True]

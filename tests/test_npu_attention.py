@@ -5,11 +5,11 @@ import types
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from inference.engine.decoding import DecodeRequest
 from inference.engine.medusa_decoding import MedusaDecoder
-from inference.engine.npu_attention import NPU_ATTENTION, use_npu_attention
+from inference.engine.npu_attention import attention_for, npu_fused_attention
+from inference.engine.plain_decoding import PlainDecoder
 from medusa_choices import load_tree
 from medusa_helpers import hf_greedy, random_heads, random_prompts
 
@@ -23,39 +23,41 @@ def fake_fused_infer_attention_score(query, key, value, *, atten_mask=None, num_
     groups = num_heads // num_key_value_heads
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = (query @ key.transpose(-1, -2)) * scale
-    if atten_mask is not None:
-        assert atten_mask.dtype == torch.bool
-        calls.append(atten_mask)
-        scores = scores.masked_fill(atten_mask, float("-inf"))
+    assert atten_mask is not None and atten_mask.dtype == torch.bool
+    calls.append(atten_mask)
+    scores = scores.masked_fill(atten_mask, float("-inf"))
     return torch.softmax(scores.float(), dim=-1).to(query.dtype) @ value, None
 
 
 @pytest.fixture
-def npu_model(tiny_pangu, monkeypatch):
+def fused_kernel_calls(monkeypatch):
     calls = []
     module = types.ModuleType("torch_npu")
     module.npu_fused_infer_attention_score = lambda *a, **k: fake_fused_infer_attention_score(*a, calls=calls, **k)
     monkeypatch.setitem(sys.modules, "torch_npu", module)
-    model = AutoModelForCausalLM.from_pretrained(tiny_pangu[0], dtype=torch.float32).eval()
-    use_npu_attention(model)
-    assert model.config._attn_implementation == NPU_ATTENTION
-    return model, calls
+    return calls
 
 
-def test_fused_attention_logits_equal_the_reference_model(npu_model, tiny_pangu):
-    model, calls = npu_model
-    ids = torch.tensor([random_prompts(model.config.vocab_size, count=1)[0]])
-    with torch.no_grad():
-        diff = (model(ids).logits - tiny_pangu[1](ids).logits).abs().max().item()
-    assert diff < 1e-5
-    assert calls and calls[0].any()  # the causal mask reached the kernel, inverted (True = hidden)
+def test_npu_devices_attend_through_the_fused_kernel():
+    assert attention_for(torch.device("npu")) is npu_fused_attention
+    assert attention_for(torch.device("cpu")) is not npu_fused_attention
 
 
-def test_medusa_tree_verification_through_the_fused_kernel_is_exact(npu_model, tiny_pangu):
-    model, calls = npu_model
-    decoder = MedusaDecoder(model, random_heads(model))
+def test_plain_decoding_through_the_fused_kernel_equals_hf_greedy(fused_kernel_calls, tiny_pangu):
+    model = tiny_pangu[1]
+    decoder = PlainDecoder(model, attention=npu_fused_attention)
+    for prompt in random_prompts(model.config.vocab_size, count=2):
+        out = [t for s in decoder.decode(DecodeRequest(prompt, 20)) for t in s]
+        assert out == hf_greedy(model, prompt, 20)
+    # the unwritten part of the cache reached the kernel as masked (True = hidden)
+    assert fused_kernel_calls and fused_kernel_calls[0][..., -1].all()
+
+
+def test_medusa_tree_verification_through_the_fused_kernel_is_exact(fused_kernel_calls, tiny_pangu):
+    model = tiny_pangu[1]
+    decoder = MedusaDecoder(model, random_heads(model), attention=npu_fused_attention)
     for prompt in random_prompts(model.config.vocab_size, count=3):
         out = [t for s in decoder.decode(DecodeRequest(prompt, 40), load_tree("mc_sim_7b_63")) for t in s]
-        assert out == hf_greedy(tiny_pangu[1], prompt, 40)
-    tree_masks = [m for m in calls if m.shape[-2] == 64]
+        assert out == hf_greedy(model, prompt, 40)
+    tree_masks = [m for m in fused_kernel_calls if m.shape[-2] == 64]
     assert tree_masks and all(m.dtype == torch.bool for m in tree_masks)

@@ -10,7 +10,8 @@ CPU has no native bf16 (AVX2 only), nothing changes.
 
 The packed copy costs the weight's memory once more, so a weight is only packed while a quarter of the
 host memory stays free (a 7B model's bf16 weights on a small CPU machine keep `F.linear` for the rest).
-Everything else (fp32, fp16, another device, training with autograd) goes through `F.linear` as before.
+Everything else (fp32, fp16, another device, training with autograd) goes through `F.linear` as before, and
+so does a captured graph, where inductor's freezing packs the weights itself.
 """
 
 import weakref
@@ -63,7 +64,7 @@ class PackedBf16Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype is torch.bfloat16 and self.weight.dtype is torch.bfloat16 and x.device.type == "cpu"
-                and x.dim() >= 2 and not torch.is_grad_enabled()):
+                and x.dim() >= 2 and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
             packed = _packed_weight(self)
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, self.bias, "none", [], "")

@@ -44,7 +44,7 @@ def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) ->
     return paths, mask[:, :size]
 
 
-def _lookup_chain(guess: tuple[list[int], list[float]], length: int,
+def lookup_chain(guess: tuple[list[int], list[float]], length: int,
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The context-lookup chain as `length` candidates: tokens (-1 where the guess is shorter), scores as the
     heads' are scored (-inf there, so padding is never selected and every step's shapes stay the same) and depths.
@@ -96,11 +96,12 @@ def _merge_chain(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tens
 
 def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
                        root: torch.Tensor, tree: DynamicTree, depth: int,
-                       guess: tuple[list[int], list[float]] = ([], [])) -> Draft:
+                       chain: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> Draft:
     """The `tree.nodes` most likely continuations of `root` [1] at the position whose hidden state is
     `hidden` [1, H], drafted `depth` levels deep by the heads (one level per head) and, when `guess` holds
     context-lookup tokens and their chain's log-scores, up to `tree.lookup` deep along that chain below
-    the root, as a `Draft` of `tree.nodes + 1` nodes."""
+    the root, as a `Draft` of `tree.nodes + 1` nodes. `chain` is that guess as `lookup_chain` lays it out
+    (None: no guess)."""
     device = hidden.device
     head_depth = heads.num_heads
     paths = root.view(1, 1)  # token paths (root first) of the nodes expanded at this level
@@ -126,7 +127,7 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
         scored += level_scores.shape[0]
     tokens, scores, parents, depths = map(torch.cat, (tokens, scores, parents, depths))
     if tree.lookup:
-        chain_tokens, chain_scores, chain_depths = _lookup_chain(guess, tree.lookup, device)
+        chain_tokens, chain_scores, chain_depths = chain or lookup_chain(([], []), tree.lookup, device)
         scores, chain_parents = _merge_chain(tokens, scores, parents, head_depth, chain_tokens, chain_scores,
                                              scored)
         tokens = torch.cat([tokens, chain_tokens.clamp(min=0)])

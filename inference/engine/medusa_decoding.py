@@ -15,8 +15,9 @@ Acceptance rules:
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -26,14 +27,29 @@ from inference.engine.context_lookup import ContextLookup
 from inference.engine.cpu_linear import use_packed_bf16_linears
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.engine.draft import Draft
-from inference.engine.dynamic_tree import draft_dynamic_tree
-from inference.engine.kv_cache import KVBuffer
-from inference.engine.npu_attention import NPU_ATTENTION
-from inference.engine.sampling import Sampling, choose_tokens, probabilities
-from inference.engine.tree_buffers import TreeBuffers, TreeMask, build_tree_buffers
+from inference.engine.dynamic_tree import draft_dynamic_tree, lookup_chain
+from inference.engine.forward import StaticCache, check_supported, forward, visible_mask
+from inference.engine.graph_mode import CapturedStep
+from inference.engine.npu_attention import attention_for
+from inference.engine.plain_decoding import CacheSlot, prefill
+from inference.engine.sampling import Sampling, choose_tokens, exponential_race, probabilities
+from inference.engine.tree_buffers import TreeBuffers, build_tree_buffers
 from medusa_choices import DynamicTree, Tree, TreeError
 
 ACCEPTANCE_RULES = ("greedy", "sample", "typical")
+
+Chain = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a context-lookup guess laid out by `lookup_chain`
+
+
+class Carry(NamedTuple):
+    """What one step hands the next on the device: the next root token [1], the hidden state [1, H] of the
+    position it follows, the heads' logits there [depth, V'] (drafters that take them from the verification;
+    else a placeholder) and the valid cache length [1]."""
+
+    root: torch.Tensor
+    hidden: torch.Tensor
+    head_logits: torch.Tensor
+    length: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -90,7 +106,7 @@ class FixedTreeDrafter:
         return self.buffers.depth
 
     @property
-    def first_mask(self) -> torch.Tensor:
+    def tree_mask(self) -> torch.Tensor:
         return self.buffers.tree_mask
 
     @property
@@ -98,16 +114,27 @@ class FixedTreeDrafter:
         """False for plain shared-lm_head heads: they run inside the verification's lm_head pass."""
         return self.heads.propose_after_verification
 
-    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, guess=([], [])) -> Draft:
+    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
         """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]
-        (a fixed tree has no lookup chain: `guess` is taken for the drafters' common signature, and unused)."""
+        (a fixed tree has no lookup chain: `chain` is taken for the drafters' common signature, and unused)."""
         if self.heads.sequential:
-            tokens = self._level_by_level(root, hidden)
-        else:
-            embeds = self.heads.token_embeds(self.embeddings, root.view(1, 1))
-            head_logits = self.heads(hidden, self.lm_head, num_heads=self.depth, token_embeds=embeds)[:, 0]
-            tokens = self._tree_tokens(root, head_logits)
-        return self._draft(tokens)
+            return self._draft(self._level_by_level(root, hidden))
+        return self._draft(self._tree_tokens(root, self._logits_of_heads(root, hidden)))
+
+    def _logits_of_heads(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The heads' logits [depth, V'] at the position of `hidden` [1, H], whose next token is `root` [1]."""
+        embeds = self.heads.token_embeds(self.embeddings, root.view(1, 1))
+        return self.heads(hidden, self.lm_head, num_heads=self.depth, token_embeds=embeds)[:, 0]
+
+    def head_logits(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """What the first step drafts from when later ones take the heads' logits from the verification
+        (else a placeholder)."""
+        return hidden if self.propose_after_verification else self._logits_of_heads(root, hidden)
+
+    def draft(self, carry: Carry, chain: Chain | None) -> Draft:
+        if self.propose_after_verification:
+            return self.from_hidden(carry.root, carry.hidden)
+        return self.from_head_logits(carry.root, carry.head_logits)
 
     def from_head_logits(self, root: torch.Tensor, head_logits: torch.Tensor) -> Draft:
         """The step from the heads' logits [depth, V'] at the accepted position, computed in the verification."""
@@ -143,28 +170,36 @@ class DynamicTreeDrafter:
     lm_head: nn.Module
     tree: DynamicTree
     depth: int
-    device: torch.device
     propose_after_verification = True  # a second lm_head pass would cost more than drafting after it
 
     @property
     def tokens_per_step(self) -> int:
         return self.tree.nodes + 1
 
-    @property
-    def first_mask(self) -> torch.Tensor:
-        return torch.eye(self.tokens_per_step, dtype=torch.bool, device=self.device)
+    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
+        return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, chain)
 
-    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, guess=([], [])) -> Draft:
-        return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, guess)
+    def head_logits(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # a placeholder: dynamic trees draft from the hidden state
+
+    def draft(self, carry: Carry, chain: Chain | None) -> Draft:
+        return self.from_hidden(carry.root, carry.hidden, chain)
 
 
 class MedusaDecoder:
-    """Verifies Medusa proposals for one base model + heads; tree buffers are built once per (tree, device)."""
+    """Verifies Medusa proposals for one base model + heads, eager or with the step captured (`compile`);
+    tree buffers and drafters are built once per tree, the cache once per capacity."""
 
-    def __init__(self, base_model: PreTrainedModel, heads: nn.Module):
+    def __init__(self, base_model: PreTrainedModel, heads: nn.Module, compile: bool = False,
+                 attention: Callable | None = None, log: Callable[[str], None] | None = None):
+        check_supported(base_model)
         self.base_model = base_model
         self.heads = use_packed_bf16_linears(heads)
+        self.attention = attention or attention_for(base_model.device)
+        self.cache = CacheSlot(base_model)
+        self.step = CapturedStep(self._step, base_model.device, compile, "Medusa", log)
         self._buffers: dict[tuple, TreeBuffers] = {}
+        self._drafters: dict[tuple, FixedTreeDrafter | DynamicTreeDrafter] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
 
@@ -202,13 +237,52 @@ class MedusaDecoder:
         return logits[:size], logits[size:].view(depth, size, -1)
 
     def drafter(self, tree: Tree | DynamicTree) -> FixedTreeDrafter | DynamicTreeDrafter:
-        """How each step of `tree` is drafted with these heads (checked against them)."""
-        self.heads.check_ranks(tree)
-        if isinstance(tree, DynamicTree):
-            tree.checked(self.heads.num_heads)
-            return DynamicTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), tree,
-                                      tree.depth(self.heads.num_heads), self.base_model.device)
-        return FixedTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), self.tree_buffers(tree))
+        """How each step of `tree` is drafted with these heads (checked against them; one per tree and dtype,
+        so a captured step sees the same drafter every time)."""
+        key = (repr(tree), self.base_model.lm_head.weight.dtype)
+        if key not in self._drafters:
+            self.heads.check_ranks(tree)
+            if isinstance(tree, DynamicTree):
+                tree.checked(self.heads.num_heads)
+                drafter = DynamicTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), tree,
+                                             tree.depth(self.heads.num_heads))
+            else:
+                drafter = FixedTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(),
+                                           self.tree_buffers(tree))
+            self._drafters[key] = drafter
+        return self._drafters[key]
+
+    def _step(self, drafter: FixedTreeDrafter | DynamicTreeDrafter, sampling: Sampling, acceptance: Acceptance,
+              cache: StaticCache, carry: Carry, chain: Chain | None,
+              race: torch.Tensor | None) -> tuple[torch.Tensor, Carry]:
+        """One Medusa step, everything between two host reads: draft the tree, verify it in one forward,
+        accept the longest agreeing path, keep its KV entries. Returns what the host reads (accepted count,
+        the best path's candidates and predictions) and what the next step starts from.
+
+        Every tensor is indexed with device tensors and every shape is fixed by the tree: no hidden
+        synchronisation, nothing that depends on how many tokens were accepted."""
+        depth, start = drafter.depth, carry.length
+        step = drafter.draft(carry, chain)
+        tree_mask = drafter.tree_mask if step.tree_mask is None else step.tree_mask
+        size = step.tokens.shape[0]
+        slots = start + torch.arange(size, device=start.device)
+        node_hidden = forward(self.base_model, cache, step.tokens, start + step.position_offsets[0], slots,
+                              visible_mask(tree_mask, start, cache.capacity), self.attention)
+        node_logits, all_head_logits = self._verify_logits(node_hidden, depth, drafter.propose_after_verification)
+        pad = torch.full((1,), -1, dtype=torch.long, device=start.device)
+        predictions = torch.cat([choose_tokens(node_logits, sampling, race), pad])  # [T+1], -1 = padding
+        candidates = torch.cat([step.tokens, pad])[step.paths]  # [P, depth+1]
+        accepted = _accept_lengths(candidates, node_logits, predictions, step.paths, sampling, acceptance)
+        best = accepted.argmax(dim=0, keepdim=True)  # [1]
+        count = accepted.index_select(0, best)  # [1]
+        path = step.paths.index_select(0, best)[0]  # [depth+1], -1 padded
+        cache.keep(start, path.clamp(min=0))
+        node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
+        head_logits = carry.head_logits if all_head_logits is None else all_head_logits.index_select(1, node)[:, 0]
+        packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]])
+        following = Carry(predictions.index_select(0, node), node_hidden.index_select(0, node), head_logits,
+                          start + count + 1)
+        return packed, following
 
     @torch.inference_mode()
     def decode(
@@ -217,73 +291,39 @@ class MedusaDecoder:
     ) -> Iterator[list[int]]:
         """Yield each step's accepted tokens (1 to depth+1 of them) until EOS or max_new_tokens."""
         stats = stats if stats is not None else DecodeStats()
-        model, lm_head = self.base_model, self.base_model.lm_head
+        model, sampling = self.base_model, request.sampling
         check_request(request, getattr(model.config, "max_position_embeddings", None))
-        if acceptance.rule == "greedy" and not request.sampling.greedy:
+        if acceptance.rule == "greedy" and not sampling.greedy:
             raise ValueError("greedy acceptance needs temperature 0 (use sample or typical acceptance to sample)")
         drafter = self.drafter(tree)
         size, depth = drafter.tokens_per_step, drafter.depth
-        device, dtype = model.device, model.dtype
+        device, vocab = model.device, model.lm_head.weight.shape[0]
         # room for the last step's tree and for the KV keep's fixed depth + 1 entries (a lookup chain may be deeper)
-        capacity = len(request.input_ids) + request.max_new_tokens + max(size, depth + 1)
-        cache = KVBuffer(model.config, capacity, device, dtype)
-        mask = TreeMask(drafter.first_mask, capacity, dtype, additive=model.config._attn_implementation != NPU_ATTENTION)
+        cache = self.cache.get(len(request.input_ids) + request.max_new_tokens + max(size, depth + 1))
         generator = request.generator(device)
-        sampling = request.sampling
         emitter = StepEmitter(request, stats)
-        pad = torch.full((1,), -1, dtype=torch.long, device=device)
         lookup = tree.lookup if isinstance(tree, DynamicTree) else 0
         context = ContextLookup(request.input_ids) if lookup else None
 
-        def guess(tokens: list[int]) -> tuple[list[int], list[float]]:
-            """The context-lookup guess after the text so far, which now ends with `tokens`."""
+        def chain_after(tokens: list[int]) -> Chain | None:
+            """The context-lookup chain after the text so far, which now ends with `tokens`."""
             if context is None:
-                return [], []
+                return None
             context.extend(tokens)
-            return context.guess(lookup)
+            return lookup_chain(context.guess(lookup), lookup, device)
 
-        # Prefill: lm_head and heads only on the last position.
-        prompt = torch.tensor([request.input_ids], device=device)
-        hidden = model.model(input_ids=prompt, cache=cache, use_cache=True).last_hidden_state[:, -1]
-        root = choose_tokens(lm_head(hidden), sampling, generator)
+        hidden = prefill(model, cache, request.input_ids)
+        root = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
+        carry = Carry(root, hidden, drafter.head_logits(root, hidden), torch.tensor([len(request.input_ids)], device=device))
         tokens = emitter.emit(root.tolist())
-        yield tokens
-        if emitter.done:
-            return
-        step = drafter.from_hidden(root, hidden, guess(tokens))
-
+        key = (cache.capacity, repr(tree), sampling, acceptance)
         while True:
-            start = cache.length
-            if step.tree_mask is not None:
-                mask.set_tree(step.tree_mask)
-            out = model.model(
-                input_ids=step.tokens.unsqueeze(0),
-                cache=cache,
-                use_cache=True,
-                position_ids=step.position_offsets + start,
-                attention_mask=mask.for_length(start),
-            )
-            node_hidden = out.last_hidden_state[0]  # [T, H]
-            node_logits, all_head_logits = self._verify_logits(node_hidden, depth, drafter.propose_after_verification)
-            predictions = torch.cat([choose_tokens(node_logits, sampling, generator), pad])  # [T+1], -1 = padding
-            candidates = torch.cat([step.tokens, pad])[step.paths]  # [P, depth+1]
-            accepted = _accept_lengths(candidates, node_logits, predictions, step.paths, sampling, acceptance)
-            # Everything below indexes with device tensors or with host ints from the one transfer, and
-            # every shape is fixed by the tree: no hidden synchronisation, nothing that depends on `count`.
-            best = accepted.argmax(dim=0, keepdim=True)  # [1]
-            count = accepted.index_select(0, best)  # [1]
-            path = step.paths.index_select(0, best)[0]  # [depth+1], -1 padded
-            # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
-            packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]]).tolist()
-            accepted_count, path_candidates, path_predictions = packed[0], packed[1 : 1 + depth], packed[1 + depth :]
-            tokens = emitter.emit(path_candidates[:accepted_count] + [path_predictions[accepted_count]])
             yield tokens
             if emitter.done:
                 return
-            cache.keep(start, path.clamp(min=0), accepted_count + 1)
-            node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
-            root = predictions.index_select(0, node)
-            if all_head_logits is None:
-                step = drafter.from_hidden(root, node_hidden.index_select(0, node), guess(tokens))
-            else:
-                step = drafter.from_head_logits(root, all_head_logits.index_select(1, node)[:, 0])
+            race = exponential_race(size, vocab, sampling, generator, device)
+            packed, carry = self.step(key, drafter, sampling, acceptance, cache, carry, chain_after(tokens), race)
+            # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
+            packed = packed.tolist()
+            accepted_count, path_candidates, path_predictions = packed[0], packed[1 : 1 + depth], packed[1 + depth :]
+            tokens = emitter.emit(path_candidates[:accepted_count] + [path_predictions[accepted_count]])

@@ -1,52 +1,34 @@
-"""Attention through Ascend's fused inference kernel, plugged into transformers' attention interface.
+"""Attention through Ascend's fused inference kernel, for the engine's forward on NPUs.
 
-`torch_npu.npu_fused_infer_attention_score` runs prefill, single-token decoding and Medusa tree
-verification in one kernel with GQA. Its mask is inverted relative to transformers' bool masks
-(True = masked out), so masks are converted here; float additive masks are accepted too.
+`torch_npu.npu_fused_infer_attention_score` runs single-token decoding and Medusa tree verification in one
+kernel with GQA, in eager and in torchair's graph mode. Its mask is inverted relative to the engine's
+(True = masked out). `torch_npu` is imported only when the kernel runs, so nothing here needs it elsewhere.
 """
+
+from collections.abc import Callable
 
 import torch
 
-NPU_ATTENTION = "npu_fused"
+from inference.engine.forward import masked_attention
 
 
-def npu_fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query [B, H, S, D], key/value [B, KV, L, D] (BNSD) -> ([B, S, H, D], None) like transformers' kernels."""
+def npu_fused_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """query [H, T, D], keys/values [KV, C, D], visible [T, C] -> [H, T, D], like `masked_attention`."""
     import torch_npu
 
-    mask = None
-    if attention_mask is not None:
-        hidden = ~attention_mask if attention_mask.dtype == torch.bool else attention_mask < 0
-        mask = hidden[..., : key.shape[-2]].contiguous()
     output, _ = torch_npu.npu_fused_infer_attention_score(
-        query.contiguous(), key.contiguous(), value.contiguous(),  # the kernel takes contiguous inputs only
-        atten_mask=mask,
-        num_heads=query.shape[1],
-        num_key_value_heads=key.shape[1],
+        query.unsqueeze(0).contiguous(), keys.unsqueeze(0), values.unsqueeze(0),  # BNSD, contiguous
+        atten_mask=(~visible).view(1, 1, *visible.shape),
+        num_heads=query.shape[0],
+        num_key_value_heads=keys.shape[0],
         input_layout="BNSD",
-        scale=scaling if scaling is not None else query.shape[-1] ** -0.5,
+        scale=scale,
         sparse_mode=0,
     )
-    return output.transpose(1, 2).contiguous(), None
+    return output[0]
 
 
-def npu_mask(*args, **kwargs):
-    """SDPA's bool mask, but never skipped: SDPA may drop a causal mask for `is_causal`, the kernel cannot."""
-    from transformers.masking_utils import sdpa_mask
-
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
-
-
-def register_npu_attention() -> None:
-    """Make `attn_implementation="npu_fused"` available."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(NPU_ATTENTION, npu_fused_attention)
-    AttentionMaskInterface.register(NPU_ATTENTION, npu_mask)
-
-
-def use_npu_attention(model) -> None:
-    register_npu_attention()
-    model.set_attn_implementation(NPU_ATTENTION)
+def attention_for(device: torch.device) -> Callable:
+    """The masked attention a step on `device` runs: the fused kernel on Ascend, the explicit product elsewhere."""
+    return npu_fused_attention if device.type == "npu" else masked_attention

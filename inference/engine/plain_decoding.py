@@ -1,30 +1,81 @@
 """Plain autoregressive decoding: the baseline Medusa is measured against and must match."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import PreTrainedModel
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.engine.kv_cache import KVBuffer
-from inference.engine.sampling import choose_tokens
+from inference.engine.forward import (StaticCache, capacity_bucket, check_supported, forward, new_cache,
+                                      visible_mask)
+from inference.engine.graph_mode import CapturedStep, keep_addresses
+from inference.engine.npu_attention import attention_for
+from inference.engine.sampling import Sampling, choose_tokens, exponential_race
 
 
-@torch.inference_mode()
+class CacheSlot:
+    """The cache of the latest capacity, kept between requests: a captured graph reads it at a fixed address."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model, self.cache = model, None
+
+    def get(self, tokens: int) -> StaticCache:
+        capacity = capacity_bucket(tokens)
+        if self.cache is None or self.cache.capacity != capacity:
+            self.cache = None  # freed before the next one is allocated
+            self.cache = new_cache(self.model, capacity)
+            keep_addresses(*self.cache.keys, *self.cache.values)
+        return self.cache
+
+
+def prefill(model: PreTrainedModel, cache: StaticCache, prompt: list[int]) -> torch.Tensor:
+    """The prompt into an empty cache; the last position's final hidden state [1, H]."""
+    ids = torch.tensor(prompt, device=model.device)
+    positions = torch.arange(len(prompt), device=model.device)
+    return forward(model, cache, ids, positions, positions, None)[-1:]
+
+
+class PlainDecoder:
+    """Plain decoding of one model, eager or with the step captured (`compile`)."""
+
+    def __init__(self, model: PreTrainedModel, compile: bool = False, attention: Callable | None = None,
+                 log: Callable[[str], None] | None = None):
+        check_supported(model)
+        self.model = model
+        self.attention = attention or attention_for(model.device)
+        self.cache = CacheSlot(model)
+        self.step = CapturedStep(self._step, model.device, compile, "plain", log)
+
+    def _step(self, cache: StaticCache, token: torch.Tensor, length: torch.Tensor, race: torch.Tensor | None,
+              sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token after `token` [1] at position `length` [1]: everything between two host reads."""
+        one = torch.ones((1, 1), dtype=torch.bool, device=token.device)
+        visible = visible_mask(one, length, cache.capacity)
+        hidden = forward(self.model, cache, token, length, length, visible, self.attention)
+        return choose_tokens(self.model.lm_head(hidden), sampling, race), length + 1
+
+    @torch.inference_mode()
+    def decode(self, request: DecodeRequest, stats: DecodeStats | None = None) -> Iterator[list[int]]:
+        """Yield the new token ids one step (one token) at a time; same cache and stopping as Medusa."""
+        stats = stats if stats is not None else DecodeStats()
+        model, sampling = self.model, request.sampling
+        check_request(request, getattr(model.config, "max_position_embeddings", None))
+        device, vocab = model.device, model.lm_head.weight.shape[0]
+        generator = request.generator(device)
+        cache = self.cache.get(len(request.input_ids) + request.max_new_tokens)
+        emitter = StepEmitter(request, stats)
+        hidden = prefill(model, cache, request.input_ids)
+        token = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
+        length = torch.tensor([len(request.input_ids)], device=device)
+        while True:
+            tokens = emitter.emit(token.tolist())  # the step's single device-to-host transfer
+            yield tokens
+            if emitter.done:
+                return
+            race = exponential_race(1, vocab, sampling, generator, device)
+            token, length = self.step((cache.capacity, sampling), cache, token, length, race, sampling)
+
+
 def plain_decode(model: PreTrainedModel, request: DecodeRequest, stats: DecodeStats | None = None) -> Iterator[list[int]]:
-    """Yield the new token ids one step (one token) at a time; same cache and stopping as Medusa."""
-    stats = stats if stats is not None else DecodeStats()
-    check_request(request, getattr(model.config, "max_position_embeddings", None))
-    device = model.device
-    generator = request.generator(device)
-    cache = KVBuffer(model.config, len(request.input_ids) + request.max_new_tokens, device, model.dtype)
-    emitter = StepEmitter(request, stats)
-    ids = torch.tensor([request.input_ids], device=device)
-    while True:
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0]
-        token = choose_tokens(logits, request.sampling, generator)
-        tokens = emitter.emit(token.tolist())  # the step's single device-to-host transfer
-        yield tokens
-        if emitter.done:
-            return
-        ids = token.view(1, 1)
+    """Eager plain decoding of one request (a `PlainDecoder` keeps its cache and captured step between requests)."""
+    return PlainDecoder(model).decode(request, stats)

@@ -35,12 +35,20 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
-def choose_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of `logits` [N, V]: argmax when greedy, else an independent draw per row."""
+def exponential_race(rows: int, logits_width: int, sampling: Sampling, generator: torch.Generator | None,
+                     device: torch.device) -> torch.Tensor | None:
+    """The noise `choose_tokens` samples with, one Exp(1) draw per row and token [rows, V] (None when greedy).
+    Drawn outside a captured step, which keeps its random state on the host side and the graph free of it."""
+    if sampling.greedy:
+        return None
+    return torch.empty((rows, logits_width), device=device).exponential_(generator=generator)
+
+
+def choose_tokens(logits: torch.Tensor, sampling: Sampling, race: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of `logits` [N, V]: argmax when greedy, else an independent draw per row from
+    `race` [N, V] (`exponential_race`)."""
     if sampling.greedy:
         return logits.float().argmax(dim=-1)  # exact; CPU argmax over bf16 is ~2x slower than the cast + fp32 one
     # Exponential race (Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i, like
     # torch.multinomial, but without multinomial's checks that read the device.
-    probs = probabilities(logits, sampling)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(dim=-1)
+    return (probabilities(logits, sampling) / race).argmax(dim=-1)

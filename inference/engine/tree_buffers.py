@@ -83,35 +83,3 @@ def build_tree_buffers(tree: Tree, device: torch.device | str = "cpu") -> TreeBu
         tree_mask=mask.to(device),
         levels=tuple(levels),
     )
-
-
-class TreeMask:
-    """The 4D attention mask of a tree step, preallocated once for the whole cache capacity.
-
-    Its last T columns hold the tree block and every column before it is visible, so the mask for a
-    step with `length` cached tokens is the view `buffer[..., capacity - length - T:]`: no per-step
-    allocation. Eager and SDPA attention ADD a float mask (0 visible, dtype min hidden); with
-    `additive=False` it is a bool mask in transformers' convention (True = visible), which the NPU
-    fused-attention adapter inverts for its kernel.
-    """
-
-    def __init__(self, tree_mask: torch.Tensor, capacity: int, dtype: torch.dtype, additive: bool = True):
-        size = tree_mask.shape[0]
-        self.capacity = capacity
-        self.additive = additive
-        if additive:
-            self.buffer = torch.zeros((1, 1, size, capacity + size), dtype=dtype, device=tree_mask.device)
-        else:
-            self.buffer = torch.ones((1, 1, size, capacity + size), dtype=torch.bool, device=tree_mask.device)
-        self.set_tree(tree_mask)
-
-    def set_tree(self, tree_mask: torch.Tensor) -> None:
-        """Write the tree block [T, T] (bool, True = may attend) in place: trees chosen per step change it."""
-        block = self.buffer[0, 0, :, self.capacity :]
-        if self.additive:
-            block.fill_(0).masked_fill_(~tree_mask, torch.finfo(block.dtype).min)
-        else:
-            block.copy_(tree_mask)
-
-    def for_length(self, length: int) -> torch.Tensor:
-        return self.buffer[..., self.capacity - length :]

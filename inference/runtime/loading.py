@@ -95,10 +95,6 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype | N
     model = model.to(device).eval()
     if device.type == "cpu":
         use_packed_bf16_linears(model)
-    if device.type == "npu":
-        from inference.engine.npu_attention import use_npu_attention
-
-        use_npu_attention(model)
     return model
 
 

@@ -1,0 +1,166 @@
+"""The base model's forward over a static KV cache: the one forward every decoding step runs, eager or captured.
+
+Every shape is fixed by the cache's capacity and the step's token count, and whatever changes from step to
+step (how many tokens are cached, where the new ones go, which of them may see which) arrives as a device
+tensor, so one captured graph serves every step. Attention reads the whole cache with a mask that hides the
+unwritten part: over a few hundred keys that costs less than a kernel launch per valid length would.
+
+The layers are the model's own modules (norms, projections, MLP), called in Llama's order: this forward
+serves the Llama family, OpenPangu-Embedded included (biases on q/k/v/o, GQA). Eager transformers goes
+through SDPA's flash kernel, which on a CPU costs more per decoding step than the explicit GQA product here
+(the README's engine section has the numbers).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Capacities are rounded up to one of these (then to multiples of the largest), so prompts of different
+# lengths share one captured graph.
+CAPACITY_BUCKETS = (256, 512, 1024, 2048, 4096)
+
+_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                "self_attn.v_proj", "self_attn.o_proj", "mlp")
+
+
+def capacity_bucket(tokens: int) -> int:
+    """The cache capacity for `tokens` tokens: the smallest bucket that holds them."""
+    for bucket in CAPACITY_BUCKETS:
+        if tokens <= bucket:
+            return bucket
+    largest = CAPACITY_BUCKETS[-1]
+    return -(-tokens // largest) * largest
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError unless `model` is a Llama-family decoder this forward computes exactly."""
+    config = model.config
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or not hasattr(model.model, "rotary_emb") or not hasattr(model.model, "norm"):
+        raise ValueError(f"{type(model).__name__} is not a Llama-family decoder (model.layers, rotary_emb, norm)")
+    for part in _LAYER_PARTS:
+        if not all(_has(layer, part) for layer in layers):
+            raise ValueError(f"{type(model).__name__} layers lack {part}: not a Llama-family decoder")
+    if _has(layers[0], "self_attn.q_norm") or getattr(config, "sliding_window", None):
+        raise ValueError(f"{type(model).__name__} (q/k norms or sliding windows) is not computed by this engine")
+    rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}).get("rope_type")
+    if rope == "dynamic":
+        raise ValueError("dynamic RoPE scaling depends on the sequence length: not supported by this engine")
+
+
+def _has(module: nn.Module, dotted: str) -> bool:
+    for name in dotted.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return False
+    return True
+
+
+@dataclass(frozen=True, eq=False)
+class StaticCache:
+    """Keys and values of every layer [kv_heads, capacity, head_dim] and the RoPE tables [capacity, head_dim]."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[1]
+
+    def keep(self, start: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Move the entries of the just-verified tree's `nodes` [W] (node ids, root first) to the slots start..,
+        so the accepted path follows the text before it. Fixed width W, device tensors only: no host read."""
+        sources = start + nodes
+        targets = start + torch.arange(nodes.shape[0], device=nodes.device)
+        for tensor in self.keys + self.values:
+            tensor[:, targets] = tensor[:, sources]
+
+
+def new_cache(model: nn.Module, capacity: int) -> StaticCache:
+    config, weight = model.config, model.lm_head.weight
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    shape = (config.num_key_value_heads, capacity, head_dim)
+
+    def zeros():
+        return torch.zeros(shape, device=weight.device, dtype=weight.dtype)
+
+    positions = torch.arange(capacity, device=weight.device).unsqueeze(0)
+    cos, sin = model.model.rotary_emb(zeros(), positions)
+    layers = range(config.num_hidden_layers)
+    return StaticCache(tuple(zeros() for _ in layers), tuple(zeros() for _ in layers), cos[0], sin[0])
+
+
+def visible_mask(tree_mask: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.Tensor:
+    """[T, capacity] bool: each of the T new tokens (written at slots start..start+T-1) sees every cached slot
+    before `start` and, among the new ones, those `tree_mask` [T, T] allows."""
+    size = tree_mask.shape[0]
+    relative = torch.arange(capacity, device=tree_mask.device) - start  # [capacity]
+    in_step = (relative >= 0) & (relative < size)
+    among_new = tree_mask.gather(1, relative.clamp(0, size - 1).expand(size, capacity))
+    return (relative < 0) | (in_step & among_new)
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float mask attention adds: 0 where visible, the dtype's minimum elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+
+
+def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """GQA attention of query [H, T, D] over the whole cache keys/values [KV, C, D], `visible` [T, C].
+
+    Each KV head's query heads are stacked into one matrix, so the product reads every key once and
+    no KV head is repeated; the softmax runs in float32 as transformers' eager attention does."""
+    heads, size, head_dim = query.shape
+    kv_heads = keys.shape[0]
+    groups = heads // kv_heads
+    scores = (query.reshape(kv_heads, groups * size, head_dim) @ keys.transpose(1, 2)).float() * scale
+    scores = scores.view(kv_heads, groups, size, -1) + additive(visible, torch.float32)
+    weights = scores.softmax(-1).to(query.dtype).view(kv_heads, groups * size, -1)
+    return (weights @ values).view(heads, size, head_dim)
+
+
+def prompt_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a prompt over its own keys (the cache was empty): SDPA's memory-efficient kernel."""
+    return F.scaled_dot_product_attention(query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+                                          is_causal=True, scale=scale, enable_gqa=True)[0]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, positions: torch.Tensor,
+            slots: torch.Tensor, visible: torch.Tensor | None, attention=masked_attention) -> torch.Tensor:
+    """Final hidden states [T, H] of `tokens` [T] at RoPE `positions` [T], their keys and values written to
+    cache `slots` [T]. `visible` [T, capacity] says which slots each token attends to; None: a prompt on an
+    empty cache (slots 0..T-1), causal over itself. `attention` computes the masked case (a device's kernel)."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = cache.keys[0].shape[-1]
+    scale = head_dim ** -0.5
+    size = tokens.shape[0]
+    cos, sin = cache.cos[positions], cache.sin[positions]
+    hidden = model.model.embed_tokens(tokens)
+    for layer, keys, values in zip(model.model.layers, cache.keys, cache.values):
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        query = attn.q_proj(x).view(size, heads, head_dim).transpose(0, 1)
+        key = attn.k_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
+        query = query * cos + _rotate_half(query) * sin
+        key = key * cos + _rotate_half(key) * sin
+        keys[:, slots] = key
+        values[:, slots] = attn.v_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
+        if visible is None:
+            out = prompt_attention(query, keys[:, :size], values[:, :size], scale)
+        else:
+            out = attention(query, keys, values, visible, scale)
+        hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(size, heads * head_dim))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return model.model.norm(hidden)

@@ -103,7 +103,8 @@ def register_openpangu(upstream_model_class) -> None:
         directory = Path(medusa_head_name_or_path)
         if directory.is_dir() and _served_here(directory):
             dtype = kwargs.get("torch_dtype") or kwargs.get("dtype") or "auto"  # upstream passes torch dtypes
-            model = MedusaModel.from_pretrained(str(directory), device=kwargs.get("device", "auto"), dtype=dtype)
+            model = MedusaModel.from_pretrained(str(directory), device=kwargs.get("device", "auto"), dtype=dtype,
+                                                compile=kwargs.get("compile"))
             return OpenPanguMedusa(model)
         return original(cls, medusa_head_name_or_path, **kwargs)
 

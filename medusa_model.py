@@ -10,10 +10,12 @@ the command lines, `medusa_compat`, the benchmark and `convert_medusa` all load 
 themselves and their files are `inference.runtime.medusa_heads`; the decoding engine is `inference.engine`.
 """
 
+import copy
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,16 +23,18 @@ from torch import nn
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
-from inference.engine.plain_decoding import plain_decode
+from inference.engine.plain_decoding import PlainDecoder
 from inference.engine.sampling import Sampling
-from inference.runtime.calibration import step_profile
+from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
+from inference.runtime.calibration import graph_profile, model_in_dtype, step_profile
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
+from inference.runtime.home import use_compile_cache
 from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime
+from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime, with_graph_mode
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -107,14 +111,42 @@ def given_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: 
     return chosen
 
 
+def compile_mode(compile: str | bool | None) -> str:
+    """"auto", "on" or "off" from the argument `compile` (True / False are on / off; None: the default)."""
+    if compile is None:
+        return default_compile_mode()
+    if isinstance(compile, bool):
+        return "on" if compile else "off"
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES} or a bool, not {compile!r}")
+    return compile
+
+
 def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype | None,
-                        tree: Tree | DynamicTree | None, log: Callable[[str], None] = _stderr) -> RuntimeChoice:
-    """Dtype and tree for this machine (calibrated once, then cached); what is given is kept as given."""
+                        tree: Tree | DynamicTree | None, log: Callable[[str], None] = _stderr,
+                        compile: str = "off") -> RuntimeChoice:
+    """Dtype, tree and graph mode for this machine (calibrated once, then cached); what is given is kept as given.
+
+    `compile` auto: eager and captured steps of the chosen dtype and tree are timed against each other (the
+    tree is chosen from eager costs) and each side runs the faster way; plain decoding takes over where the
+    faster plain step leaves an automatically chosen tree expected below the threshold."""
     if dtype is not None and tree is not None:
-        return RuntimeChoice.as_given(dtype, tree)
-    profile = step_profile(model, heads, None if dtype is None else [dtype], log)
-    return choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree,
-                          dynamic=heads.propose_after_verification)
+        choice = RuntimeChoice.as_given(dtype, tree)
+    else:
+        profile = step_profile(model, heads, None if dtype is None else [dtype], log)
+        choice = choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree,
+                                dynamic=heads.propose_after_verification)
+    if compile != "off":
+        use_compile_cache()
+    if compile == "on":
+        return replace(choice, compiled=True, plain_compiled=True)
+    if compile == "auto":
+        medusa_model = model_in_dtype(model, choice.dtype)
+        plain_model = model_in_dtype(model, choice.plain_dtype)
+        timed_heads = copy.deepcopy(heads).to(device=model.device, dtype=choice.dtype)
+        graph = graph_profile(medusa_model, plain_model, timed_heads, choice.tree, log)
+        return with_graph_mode(choice, graph, may_fall_back=tree is None)
+    return choice
 
 
 class MedusaModel(nn.Module):
@@ -131,11 +163,12 @@ class MedusaModel(nn.Module):
         self.base_model = base_model
         self.medusa_head = heads.to(device=base_model.device, dtype=base_model.dtype)
         self.tokenizer = tokenizer
-        self.decoder = MedusaDecoder(base_model, self.medusa_head)
         if runtime is None:
             runtime = RuntimeChoice.as_given(base_model.dtype, tree or given_tree("heads", heads, base_model.device.type))
         self.runtime = runtime
         self.tree = runtime.tree
+        self.decoder = MedusaDecoder(base_model, self.medusa_head, runtime.compiled, log=_stderr)
+        self.plain_decoder = PlainDecoder(base_model, runtime.plain_compiled, log=_stderr)
 
     @property
     def config(self):
@@ -149,7 +182,7 @@ class MedusaModel(nn.Module):
     @classmethod
     def from_pretrained(cls, base_model: str | None = None, medusa: str | None = None,
                         device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
-                        tree: str | Tree | DynamicTree = "auto",
+                        tree: str | Tree | DynamicTree = "auto", compile: str | bool | None = None,
                         log: Callable[[str], None] = _stderr) -> "MedusaModel":
         """Base and heads as `resolve_sources` finds them, in the dtype and tree that are fastest here.
 
@@ -157,7 +190,9 @@ class MedusaModel(nn.Module):
         or None (the checkpoint's own), bf16 | fp16 | fp32 or a torch.dtype. `tree`: auto (chosen from the heads' measured accuracy and this
         machine's calibrated step costs; plain decoding when no tree is expected to pay), heads (the tree
         saved with the heads), a name from medusa_choices, a JSON file, a list of rank paths, or a DynamicTree
-        (`dynamic[:N]`: N nodes chosen at every step from the heads' probabilities).
+        (`dynamic[:N]`: N nodes chosen at every step from the heads' probabilities). `compile`: auto (each
+        step captured as one graph where that was timed faster here), on / True, off / False; None:
+        $OPENPANGU_MEDUSA_COMPILE, else auto.
         `log` receives the one-line notices (which heads, calibration, the choice).
         """
         torch_device, dtype = as_device(device), as_dtype(dtype)
@@ -172,7 +207,7 @@ class MedusaModel(nn.Module):
             log(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
                 f"input {heads.config.medusa_head_input}{f', proposing from {draft} tokens' if draft else ''})")
         runtime = choose_for_hardware(model, heads, None if dtype == AUTO else model.dtype,
-                                      given_tree(tree, heads, torch_device.type), log)
+                                      given_tree(tree, heads, torch_device.type), log, compile_mode(compile))
         return cls(model.to(runtime.dtype), heads, tokenizer, runtime=runtime)
 
     def save_pretrained(self, directory: str | os.PathLike, layout: str = "heads") -> None:
@@ -212,7 +247,7 @@ class MedusaModel(nn.Module):
         """Each step's new ids: Medusa with `tree` (default: the chosen one), or plain decoding where none was."""
         tree = tree or self.tree
         if tree is None:
-            return plain_decode(self.base_model, request, stats)
+            return self.plain_decoder.decode(request, stats)
         acceptance = acceptance or Acceptance(default_rule(request.sampling.temperature))
         return self.decoder.decode(request, tree, acceptance, stats)
 

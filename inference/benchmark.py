@@ -2,10 +2,11 @@
 
     python inference/benchmark.py --threads 2 --max_new_tokens 64,256 --runs 3 --out bench.json
 
-By default Medusa runs in the dtype and tree chosen for this machine (--dtype auto, --medusa_choices
-auto) and plain decoding in every dtype of the device whose model copy fits, all interleaved, and the
-speed-up is over the plain dtype that was fastest in this run; --dtype X runs both in X, --baseline_dtype X
-the plain side in X. Both use the same model weights, device, threads, max_new_tokens and stopping
+By default Medusa runs in the dtype, tree and graph mode chosen for this machine (--dtype auto,
+--medusa_choices auto, --compile auto) and plain decoding in every dtype of the device whose model copy fits,
+eager and captured, all interleaved, and the speed-up is over the plain decoding that was fastest in this run;
+--dtype X runs both in X, --baseline_dtype X the plain side in X, --compile off keeps both eager. Time spent
+compiling (first calls of new shapes) is reported separately and left out of every rate. Both use the same model weights, device, threads, max_new_tokens and stopping
 rule (EOS for both, or --ignore_eos for both), the same KV cache and the same forward; both are warmed
 up, timed with device synchronisation, repeated --runs times (interleaved) and reported as medians.
 Tokens are counted from ids, each side's own. Greedy outputs are compared token for token (identical
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
-from inference.engine.plain_decoding import plain_decode
+from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
 from inference.runtime.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
 from inference.runtime.chat import prompt_ids, read_prompts
@@ -81,7 +82,8 @@ def load_benchmark_prompts(path: str | None, limit: int | None) -> list[dict]:
 
 
 def timed(decode, device) -> tuple[list[int], DecodeStats, float, float]:
-    """(ids, stats, total seconds, decode-phase seconds after the first token), device-synchronised."""
+    """(ids, stats, total seconds, decode-phase seconds after the first token), device-synchronised, both
+    without the seconds spent compiling."""
     stats = DecodeStats()
     ids: list[int] = []
     synchronize(device)
@@ -94,7 +96,7 @@ def timed(decode, device) -> tuple[list[int], DecodeStats, float, float]:
             first = time.perf_counter()
     synchronize(device)
     end = time.perf_counter()
-    return ids, stats, end - start, end - first
+    return ids, stats, end - start - stats.compile_seconds, end - first - stats.compile_seconds
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -125,7 +127,7 @@ def print_table(results: dict, file=None) -> None:
     file = file or sys.stdout
     config = results["config"]
     medusa = (f"Medusa {config['medusa_dtype']}, {config['tree_tokens']}-token tree" if config["tree_tokens"] > 1
-              else f"Medusa's fallback, plain {config['medusa_dtype']}")
+              else f"Medusa's fallback, plain {config['medusa_dtype']}") + f" ({config['graph_mode']})"
     print(f"{config['hardware']} | plain {config['baseline_dtype']} vs {medusa}", file=file)
     header = f"{'max_new':>8} {'prompts':>7} {'tokens':>7} {'plain tok/s':>11} {'medusa tok/s':>12} {'speedup':>8} " \
              f"{'tau':>6} {'ms/step':>8} {'ms/token':>8} {'overhead':>8} {'identical':>9}"
@@ -142,7 +144,10 @@ def print_table(results: dict, file=None) -> None:
     line("all", results)
     if len(config["plain_tokens_per_second"]) > 1:
         rates = ", ".join(f"{name} {rate:.2f}" for name, rate in config["plain_tokens_per_second"].items())
-        print(f"plain tok/s by dtype: {rates} (the fastest is the baseline)", file=file)
+        print(f"plain tok/s: {rates} (the fastest is the baseline)", file=file)
+    compiling = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in config["compile_seconds"].items() if seconds)
+    if compiling:
+        print(f"compiling (left out of the rates): {compiling}", file=file)
     if len(results["by_category"]) > 1:
         print(f"\n{'category':>14} {'prompts':>7} {'speedup':>8} {'tau':>6}", file=file)
         for r in results["by_category"]:
@@ -194,6 +199,10 @@ def fastest_baseline(rates: dict[str, float]) -> str:
     return max(rates, key=rates.get)
 
 
+def progress_line(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
@@ -205,29 +214,34 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"--max_new_tokens {args.max_new_tokens}: give positive lengths, e.g. 128 or 64,256")
     set_threads(args.threads)
     medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, resolve_device(args.device),
-                                         parse_dtype(args.dtype), args.medusa_choices)
+                                         parse_dtype(args.dtype), args.medusa_choices, args.compile)
     runtime, tokenizer = medusa.runtime, medusa.tokenizer
     model = medusa.base_model
     device = model.device
-    # Plain decoding in each of its dtypes (a copy where that differs from Medusa's); the fastest is the baseline,
-    # reported by name.
-    plain_models = {dtype_name(dtype): model_in_dtype(model, dtype) for dtype in baseline_dtypes(args, runtime, model)}
-    print(f"Medusa: {runtime.reason}; baseline: plain decoding in {' or '.join(plain_models)}, "
+    # Plain decoding in each of its dtypes (a copy where that differs from Medusa's), eager and captured; the
+    # fastest is the baseline, reported by name.
+    plain_models = {}
+    for dtype in baseline_dtypes(args, runtime, model):
+        copy_ = model_in_dtype(model, dtype)
+        plain_models[dtype_name(dtype)] = PlainDecoder(copy_)
+        if args.compile != "off":
+            plain_models[f"{dtype_name(dtype)} captured"] = PlainDecoder(copy_, compile=True, log=progress_line)
+    print(f"Medusa: {runtime.reason} ({runtime.graph_mode}); baseline: plain decoding in {' or '.join(plain_models)}, "
           "whichever is faster in this run", file=sys.stderr)
     prompts = load_benchmark_prompts(args.prompts, args.num_prompts)
     eos = () if args.ignore_eos else eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)
     ids = [prompt_ids(tokenizer, [{"role": "user", "content": p["prompt"]}]) for p in prompts]
 
     def plain(name, request):
-        return lambda stats: plain_decode(plain_models[name], request, stats)
+        return lambda stats: plain_models[name].decode(request, stats)
 
     def spec(request):
         return lambda stats: medusa.decode(request, stats=stats)
 
+    compile_seconds = defaultdict(float)
     warm = DecodeRequest(ids[0], 16, eos)
-    for decode in [plain(name, warm) for name in plain_models] + [spec(warm)]:
-        timed(decode, device)
-
+    for name, decode in [(name, plain(name, warm)) for name in plain_models] + [("medusa", spec(warm))]:
+        compile_seconds[name] += timed(decode, device)[1].compile_seconds
     rows = []
     sides = len(plain_models) + 1
     progress = tqdm(total=len(lengths) * len(prompts) * args.runs * sides, desc="benchmark", unit="run", file=sys.stderr)
@@ -239,6 +253,7 @@ def run(args: argparse.Namespace) -> dict:
             for run_index in range(args.runs):
                 for name, decode in order if run_index % 2 == 0 else order[::-1]:
                     out, stats, total, decode_s = timed(decode, device)
+                    compile_seconds[name] += stats.compile_seconds
                     samples[name].append((total, decode_s, out, stats))
                     progress.update()
             med_out = samples["medusa"][0][2]
@@ -272,6 +287,8 @@ def run(args: argparse.Namespace) -> dict:
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
         "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
         "baseline_dtype": baseline_dtype, "medusa_dtype": dtype_name(runtime.dtype), "tree_tokens": runtime.tree_tokens,
+        "graph_mode": runtime.graph_mode,
+        "compile_seconds": {name: round(compile_seconds[name], 1) for name in ["medusa", *plain_models]},
         "plain_tokens_per_second": {name: round(rate, 3) for name, rate in rates.items()},
         "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),

@@ -9,9 +9,10 @@ import sys
 import torch
 
 from inference.cli import Session, base_parser, run_cli
-from inference.engine.plain_decoding import plain_decode
-from inference.runtime.calibration import step_profile
+from inference.engine.plain_decoding import PlainDecoder
+from inference.runtime.calibration import graph_profile, step_profile
 from inference.runtime.devices import AUTO, dtype_name
+from inference.runtime.home import use_compile_cache
 from inference.runtime.loading import load_base
 from inference.runtime.runtime_choice import fastest_plain_dtype
 
@@ -22,7 +23,15 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
         fastest = fastest_plain_dtype(step_profile(model, None))
         model = model.to(fastest)
         print(f"Runtime: plain decoding in {dtype_name(fastest)}, the fastest here", file=sys.stderr)
-    return Session(model, tokenizer, lambda request, stats: plain_decode(model, request, stats), args)
+    if args.compile != "off":
+        use_compile_cache()
+    captured = args.compile == "on"
+    if args.compile == "auto":
+        profile = graph_profile(model, model, None, None)
+        captured = profile.faster_captured(profile.plain_ms)
+    print(f"Graph mode: {'captured' if captured else 'eager'} steps", file=sys.stderr)
+    decoder = PlainDecoder(model, captured, log=lambda line: print(line, file=sys.stderr))
+    return Session(model, tokenizer, decoder.decode, args)
 
 
 def main(argv: list[str] | None = None) -> int:

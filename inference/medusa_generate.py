@@ -49,7 +49,8 @@ def build_parser():
 def make_session(args, device: torch.device, dtype: torch.dtype | str | None) -> Session:
     if args.acceptance == "greedy" and args.temperature > 0:
         raise UserError("--acceptance greedy needs --temperature 0 (use sample or typical when sampling)")
-    medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, device, dtype, args.medusa_choices)
+    medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, device, dtype, args.medusa_choices,
+                                         args.compile)
     rule = args.acceptance or default_rule(args.temperature)
     acceptance = Acceptance(rule, args.posterior_threshold, args.posterior_alpha)
     runtime = medusa.runtime
@@ -69,6 +70,7 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
 
     return Session(medusa.base_model, medusa.tokenizer, decode, args,
                    extra_fields=lambda stats: {"tree_tokens": runtime.tree_tokens, "dtype": dtype_name(runtime.dtype),
+                                               "graph_mode": runtime.graph_mode,
                                                "acceptance": rule if medusa.tree is not None else "plain"})
 
 

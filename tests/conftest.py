@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 torch.set_num_threads(2)
+# Compiling a step costs seconds even for the tiny models: only the tests of graph mode ask for it.
+os.environ["OPENPANGU_MEDUSA_COMPILE"] = "off"
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ TOP_KEYS = {"speedup", "tokens_per_step", "overhead", "outputs_identical", "base
             "medusa_tokens_per_second", "by_length"}
 
 
-def test_benchmark_writes_json_table_and_plot(tiny_pangu, tmp_path, capsys):
+def test_benchmark_writes_json_table_and_plot_with_captured_steps_timed_apart_from_compiling(tiny_pangu, tmp_path,
+                                                                                            capsys):
     directory, model = tiny_pangu
     save_heads(random_heads(model, num_heads=4), tmp_path / "heads")
     prompts = tmp_path / "prompts.jsonl"
@@ -19,7 +20,7 @@ def test_benchmark_writes_json_table_and_plot(tiny_pangu, tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"),
                            "--medusa_choices", "tree_16", "--prompts", str(prompts), "--max_new_tokens", "8,24",
-                           "--runs", "2", "--dtype", "fp32", "--ignore_eos", "--out", str(out)])
+                           "--runs", "2", "--dtype", "fp32", "--ignore_eos", "--compile", "on", "--out", str(out)])
     assert code == 0
     results = json.loads(out.read_text())
     assert TOP_KEYS <= set(results)
@@ -30,7 +31,14 @@ def test_benchmark_writes_json_table_and_plot(tiny_pangu, tmp_path, capsys):
     assert {r["category"] for r in results["by_category"]} == {"chat", "code"}
     assert out.with_suffix(".png").stat().st_size > 1000
     config = results["config"]
-    assert (config["baseline_dtype"], config["medusa_dtype"], config["tree_tokens"]) == ("fp32", "fp32", 17)
+    assert (config["medusa_dtype"], config["tree_tokens"], config["graph_mode"]) == ("fp32", 17, "captured")
+    assert set(config["plain_tokens_per_second"]) == {"fp32", "fp32 captured"}
+    assert config["baseline_dtype"] in config["plain_tokens_per_second"]
+    # each captured side compiled once, and no rate counts that time
+    assert config["compile_seconds"]["medusa"] > 0 and config["compile_seconds"]["fp32 captured"] > 0
+    assert config["compile_seconds"]["fp32"] == 0
+    medusa_seconds = sum(r["medusa_seconds"] for r in results["rows"])
+    assert medusa_seconds < config["compile_seconds"]["medusa"]
     assert "threads" in config["hardware"] and "torch" in config["hardware"]
     table = capsys.readouterr().out
     assert "speedup" in table and "overhead" in table and "category" in table and config["hardware"] in table
@@ -70,7 +78,8 @@ def test_by_default_medusa_at_its_choice_runs_against_the_fastest_plain_dtype_of
     prompts.write_text('{"prompt": "one"}\n')
     out = tmp_path / "bench.json"
     assert benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"), "--prompts",
-                           str(prompts), "--max_new_tokens", "8", "--runs", "1", "--ignore_eos", "--out", str(out)]) == 0
+                           str(prompts), "--max_new_tokens", "8", "--runs", "1", "--ignore_eos", "--compile", "off",
+                           "--out", str(out)]) == 0
     config = json.loads(out.read_text())["config"]
     assert config["medusa_dtype"] == "fp32" and config["tree_tokens"] > 1
     # plain decoding ran in both dtypes; the one faster in this run is the baseline
@@ -79,7 +88,7 @@ def test_by_default_medusa_at_its_choice_runs_against_the_fastest_plain_dtype_of
     # where plain decoding's dtypes are about as fast, the baseline can be measured in each
     assert benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"), "--prompts",
                            str(prompts), "--max_new_tokens", "8", "--runs", "1", "--ignore_eos", "--out", str(out),
-                           "--baseline_dtype", "fp32"]) == 0
+                           "--baseline_dtype", "fp32", "--compile", "off"]) == 0
     config = json.loads(out.read_text())["config"]
     assert (config["baseline_dtype"], config["medusa_dtype"]) == ("fp32", "fp32")
 

@@ -17,6 +17,7 @@ class DecodeStats:
     new_tokens: int = 0
     steps: int = 0
     seconds: float = 0.0
+    compile_seconds: float = 0.0  # of `seconds`, spent capturing steps (first calls of new shapes)
     accept_lengths: Counter = field(default_factory=Counter)
 
     @property
@@ -25,13 +26,16 @@ class DecodeStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else 0.0
+        """Decoding speed, the time spent compiling left out."""
+        seconds = self.seconds - self.compile_seconds
+        return self.new_tokens / seconds if seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
         return {
             "new_tokens": self.new_tokens,
             "steps": self.steps,
             "seconds": round(self.seconds, 4),
+            "compile_seconds": round(self.compile_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "tokens_per_step": round(self.tokens_per_step, 4),
             "accept_lengths": {str(k): v for k, v in sorted(self.accept_lengths.items())},

@@ -7,9 +7,12 @@ graph serves every step of a generation and every generation of the same tree an
 """
 
 import time
+import types
 from collections.abc import Callable
 
 import torch
+
+from inference.engine.decoding import DecodeStats
 
 # Graphs this process may hold per step function: plain and Medusa steps over a few capacities, trees and
 # sampling rules (dynamo's default of 8 would fall back to eager without a word).
@@ -29,14 +32,33 @@ def npu_backend():
     return torchair.get_npu_backend(compiler_config=config)
 
 
+def own_code(step: Callable) -> Callable:
+    """`step` (a function or bound method) with a code object of its own. Dynamo keeps compiled graphs and
+    their guards per code object, so two decoders would otherwise share one cache: each one's guards would
+    run on the other's arguments (a fixed-tree drafter's attributes looked up on a dynamic one) and count
+    against one recompile limit."""
+    function = getattr(step, "__func__", step)
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    return types.MethodType(copy, step.__self__) if hasattr(step, "__self__") else copy
+
+
 def capture(step: Callable, device: torch.device) -> Callable:
     """`step` compiled into one static graph for `device`'s backend."""
+    step = own_code(step)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
                                                            4 * RECOMPILE_LIMIT)
     if device.type == "cpu":
-        # freezing folds the weights into the graph and lets oneDNN prepack them (bf16 on AMX/AVX512-BF16)
-        return torch.compile(step, fullgraph=True, dynamic=False, options={"freezing": True})
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+
+        def frozen(*args):
+            # freezing folds the weights into the graph and lets oneDNN prepack them (bf16 on AMX/AVX512-BF16);
+            # inductor reads it when it compiles, which happens inside a call (passed as `options` it is not seen)
+            with torch._inductor.config.patch(freezing=True):
+                return compiled(*args)
+
+        return frozen
     if device.type == "cuda":
         return torch.compile(step, fullgraph=True, dynamic=False, mode="reduce-overhead")  # CUDA graphs
     if device.type == "npu":
@@ -53,27 +75,26 @@ def keep_addresses(*tensors: torch.Tensor) -> None:
 
 
 class CapturedStep:
-    """A step function run captured or eager; the first call of each new shape says it compiles and how long
-    it took (the compiled code is cached on disk, see inference/runtime/home.py, so later processes start faster)."""
+    """A step function run captured or eager. The first call of each new shape compiles it: that call says
+    so (`log`) and adds its seconds to the request's `compile_seconds`, which rates leave out."""
 
     def __init__(self, step: Callable, device: torch.device, captured: bool, name: str,
                  log: Callable[[str], None] | None = None):
         self.name, self.captured, self.log = name, captured, log
         self.run = capture(step, device) if captured else step
-        self.compiled: dict[tuple, float] = {}  # shape key -> seconds its compilation took
+        self.compiled: set[tuple] = set()
 
-    def __call__(self, key: tuple, *args):
+    def __call__(self, key: tuple, label: str, stats: DecodeStats, *args):
+        """`key`: what the graph depends on; `label`: how the log names it."""
         if not self.captured or key in self.compiled:
             return self.run(*args)
         if self.log:
-            self.log(f"Compiling the {self.name} step {key} (once per shape; cached on disk for later runs)...")
+            self.log(f"Compiling the {self.name} step ({label}); once per shape, kept on disk for later runs ...")
         started = time.perf_counter()
         result = self.run(*args)
-        self.compiled[key] = time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.compiled.add(key)
+        stats.compile_seconds += seconds
         if self.log:
-            self.log(f"Compiled the {self.name} step in {self.compiled[key]:.1f} s")
+            self.log(f"Compiled the {self.name} step in {seconds:.1f} s")
         return result
-
-    @property
-    def compile_seconds(self) -> float:
-        return sum(self.compiled.values())

@@ -317,12 +317,14 @@ class MedusaDecoder:
         carry = Carry(root, hidden, drafter.head_logits(root, hidden), torch.tensor([len(request.input_ids)], device=device))
         tokens = emitter.emit(root.tolist())
         key = (cache.capacity, repr(tree), sampling, acceptance)
+        label = f"{size}-token {'dynamic ' if isinstance(tree, DynamicTree) else ''}tree, capacity {cache.capacity}"
         while True:
             yield tokens
             if emitter.done:
                 return
             race = exponential_race(size, vocab, sampling, generator, device)
-            packed, carry = self.step(key, drafter, sampling, acceptance, cache, carry, chain_after(tokens), race)
+            packed, carry = self.step(key, label, stats, drafter, sampling, acceptance, cache, carry,
+                                      chain_after(tokens), race)
             # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
             packed = packed.tolist()
             accepted_count, path_candidates, path_predictions = packed[0], packed[1 : 1 + depth], packed[1 + depth :]

@@ -73,7 +73,8 @@ class PlainDecoder:
             if emitter.done:
                 return
             race = exponential_race(1, vocab, sampling, generator, device)
-            token, length = self.step((cache.capacity, sampling), cache, token, length, race, sampling)
+            token, length = self.step((cache.capacity, sampling), f"capacity {cache.capacity}", stats,
+                                      cache, token, length, race, sampling)
 
 
 def plain_decode(model: PreTrainedModel, request: DecodeRequest, stats: DecodeStats | None = None) -> Iterator[list[int]]:

@@ -7,7 +7,10 @@ what it takes.
 
 import argparse
 import math
+import os
 import sys
+
+from inference.runtime.errors import UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -58,6 +61,18 @@ def fraction(text: str) -> float:
     return _number(float, text, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
+COMPILE_MODES = ("auto", "on", "off")
+COMPILE_ENV = "OPENPANGU_MEDUSA_COMPILE"
+
+
+def default_compile_mode() -> str:
+    """--compile's default: $OPENPANGU_MEDUSA_COMPILE (auto | on | off), else auto (the test suite sets off, so
+    only the tests of graph mode pay for compiling)."""
+    mode = os.environ.get(COMPILE_ENV, "auto")
+    if mode not in COMPILE_MODES:
+        raise UserError(f"{COMPILE_ENV}={mode!r}: use one of {', '.join(COMPILE_MODES)}")
+    return mode
+
 DEMO_DEFAULT = "the embedded demo model, SmolLM2-135M-Instruct, prepared on first use"
 
 
@@ -74,3 +89,9 @@ def add_model_args(parser: argparse.ArgumentParser, dtype_default: str = "auto",
                        + ("; auto: the fastest here, from a one-time calibration of this machine (cached in "
                           "$OPENPANGU_MEDUSA_HOME/calibration)" if auto else ""))
     group.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    if auto:
+        group.add_argument("--compile", default=default_compile_mode(), choices=COMPILE_MODES,
+                           help="run each decoding step as one captured graph (inductor on CPUs, CUDA graphs, "
+                           "torchair on Ascend): on, off, or auto (whichever a one-time timing of eager against "
+                           "captured steps found faster here; compiling costs a minute or so once, cached in "
+                           f"$OPENPANGU_MEDUSA_HOME). Default: ${COMPILE_ENV}, else auto")

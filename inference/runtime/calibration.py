@@ -26,7 +26,7 @@ from inference.engine.cpu_linear import native_bf16_cpu, packing_supported
 from inference.engine.decoding import DecodeRequest
 from inference.engine.host_memory import free_host_memory
 from inference.engine.medusa_decoding import MedusaDecoder
-from inference.engine.plain_decoding import plain_decode
+from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.devices import DTYPES, dtype_name, synchronize
 from inference.runtime.errors import UserError
 from inference.runtime.home import cache_home
@@ -40,6 +40,7 @@ CANDIDATE_DTYPES = {"cpu": (torch.bfloat16, torch.float32), "cuda": (torch.bfloa
                     "npu": (torch.bfloat16, torch.float16)}
 CONTEXT = 256  # cached tokens while timing
 ROUNDS = 5
+ENGINE = 2  # raised when the engine's step changes what it costs, so older profiles are measured again
 
 
 @dataclass
@@ -120,10 +121,11 @@ def calibration_tree(tokens: int, heads) -> Tree | DynamicTree:
 
 
 def step_runner(model, calls: int, tree: Tree | DynamicTree | None = None, heads=None,
-                context: int = CONTEXT) -> Callable[[], None]:
+                context: int = CONTEXT, captured: bool = False) -> Callable[[], None]:
     """Each call runs one real decoding step after `context` random tokens: a plain step, or with `tree` a
-    whole Medusa step (verification forward, acceptance, KV keep, next proposals, the one transfer). The
-    step's shapes do not depend on what is accepted, so random heads and tokens cost what real ones do."""
+    whole Medusa step (verification forward, acceptance, KV keep, next proposals, the one transfer), eager or
+    `captured`. The step's shapes do not depend on what is accepted, so random heads and tokens cost what
+    real ones do. A captured step compiles at its first call (the untimed warm-up round)."""
     if tree is None:
         depth = 0
     else:
@@ -135,7 +137,10 @@ def step_runner(model, calls: int, tree: Tree | DynamicTree | None = None, heads
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (context,), generator=generator).tolist()
     request = DecodeRequest(prompt, max_new_tokens)
-    steps = plain_decode(model, request) if tree is None else MedusaDecoder(model, heads).decode(request, tree)
+    if tree is None:
+        steps = PlainDecoder(model, captured).decode(request)
+    else:
+        steps = MedusaDecoder(model, heads, captured).decode(request, tree)
     next(steps)  # the prefill
 
     def run() -> None:
@@ -217,6 +222,7 @@ def profile_key(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...])
         "sizes": list(sizes),
         "context": CONTEXT,
         "rounds": ROUNDS,
+        "engine": ENGINE,
     }
 
 
@@ -285,3 +291,54 @@ def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) ->
 
     with tqdm(total=ROUNDS + 1, desc="calibrating", unit="round", file=sys.stderr) as progress:
         return measure(model, heads, dtypes, sizes, ROUNDS, progress)
+
+
+@dataclass(frozen=True)
+class GraphProfile:
+    """ms of the plain step and of the chosen Medusa step, eager and captured (None: not timed)."""
+
+    plain_ms: dict[str, float]  # "eager" / "captured"
+    step_ms: dict[str, float] | None
+
+    def faster_captured(self, table: dict[str, float] | None) -> bool:
+        return table is not None and table["captured"] < table["eager"]
+
+
+def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, log=None) -> GraphProfile:
+    """Eager against captured steps for plain decoding (`plain_model`, in its dtype) and, with `tree`, for Medusa
+    (`model` with `heads`): measured once per machine, models, tree and dtypes, then read from the cache."""
+    log = log or (lambda line: print(line, file=sys.stderr))
+    key = profile_key(model, heads, [model.dtype, plain_model.dtype], ()) | {"graph": repr(tree)}
+    path = profile_path(key)
+    try:
+        data = json.loads(path.read_text())["graph"]
+        return GraphProfile(_checked_pair(data["plain_ms"]), None if tree is None else _checked_pair(data["step_ms"]))
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as error:
+        log(f"calibration file {path} is unreadable ({error}): measuring again")
+    log("Timing eager against captured steps: compiling the plain step" + (" and the Medusa step" if tree else "")
+        + f" once (a minute or two on a CPU; kept in {path})")
+    runners = {("plain", mode): step_runner(plain_model, ROUNDS + 1, captured=mode == "captured")
+               for mode in ("eager", "captured")}
+    if tree is not None:
+        runners |= {("step", mode): step_runner(model, ROUNDS + 1, tree, heads, captured=mode == "captured")
+                    for mode in ("eager", "captured")}
+    ms = interleaved_ms(runners, ROUNDS, model.device)
+    profile = GraphProfile({mode: round(ms[("plain", mode)], 3) for mode in ("eager", "captured")},
+                           None if tree is None else {mode: round(ms[("step", mode)], 3) for mode in ("eager", "captured")})
+    try:
+        check_writable(path.parent, "the calibration cache")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"key": key, "graph": {"plain_ms": profile.plain_ms,
+                                                             "step_ms": profile.step_ms}}, indent=1) + "\n")
+    except (UserError, OSError) as error:
+        log(f"not keeping the eager/captured timings: {error}")
+    return profile
+
+
+def _checked_pair(table: dict) -> dict[str, float]:
+    values = {mode: float(table[mode]) for mode in ("eager", "captured")}
+    if not all(math.isfinite(ms) and ms > 0 for ms in values.values()):
+        raise ValueError("step times must be positive numbers")
+    return values

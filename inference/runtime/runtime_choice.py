@@ -7,11 +7,11 @@ profile. Plain decoding runs in its own fastest dtype; when no (dtype, tree) is 
 Medusa falls back to plain decoding, never a silent slowdown.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from inference.runtime.calibration import StepProfile
+from inference.runtime.calibration import GraphProfile, StepProfile
 from inference.runtime.devices import dtype_name
 from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
 
@@ -30,11 +30,20 @@ class RuntimeChoice:
     reason: str
     expected_tokens_per_step: float | None = None
     expected_speedup: float | None = None
+    compiled: bool = False  # Medusa's step (or the fallback's plain step) runs captured as one graph
+    plain_compiled: bool = False  # plain decoding's step does
 
     @classmethod
     def as_given(cls, dtype: torch.dtype, tree: Tree | DynamicTree) -> "RuntimeChoice":
         """The dtype and tree a caller fixed: nothing was chosen or estimated."""
         return cls(dtype, tree, dtype, f"{dtype_name(dtype)}, {len(tree) + 1}-token tree, as given")
+
+    @property
+    def graph_mode(self) -> str:
+        """How the steps run, for headers and JSON: "captured", "eager", or "Medusa captured, plain eager"."""
+        if self.tree is None or self.compiled == self.plain_compiled:
+            return "captured" if self.compiled else "eager"
+        return f"Medusa {'captured' if self.compiled else 'eager'}, plain {'captured' if self.plain_compiled else 'eager'}"
 
     @property
     def tree_tokens(self) -> int:
@@ -102,3 +111,28 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                          f"{dtype_name(best_dtype)}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token {kind}: "
                          f"expected {speedup:.2f}x ({estimate})",
                          round(1 + expected, 4), round(speedup, 4))
+
+
+def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: bool = True) -> RuntimeChoice:
+    """`choice` with each side's step run captured where that was timed faster, and (`may_fall_back`: the tree
+    was chosen, not given) plain decoding instead of Medusa where the faster plain step leaves the tree
+    expected below MIN_EXPECTED_SPEEDUP."""
+    plain_compiled = graph.faster_captured(graph.plain_ms)
+    plain_ms = graph.plain_ms["captured" if plain_compiled else "eager"]
+    if choice.tree is None or graph.step_ms is None:
+        return replace(choice, compiled=plain_compiled, plain_compiled=plain_compiled)
+    compiled = graph.faster_captured(graph.step_ms)
+    step_ms = graph.step_ms["captured" if compiled else "eager"]
+    mode = f"{'captured' if compiled else 'eager'} {step_ms:.1f} ms step vs {'captured' if plain_compiled else 'eager'} " \
+           f"plain {plain_ms:.1f} ms"
+    if choice.expected_tokens_per_step is None:
+        return replace(choice, compiled=compiled, plain_compiled=plain_compiled, reason=f"{choice.reason}; {mode}")
+    speedup = choice.expected_tokens_per_step * plain_ms / step_ms
+    if may_fall_back and speedup < MIN_EXPECTED_SPEEDUP:
+        return replace(choice, dtype=choice.plain_dtype, tree=None, compiled=plain_compiled,
+                       plain_compiled=plain_compiled, expected_tokens_per_step=1.0, expected_speedup=1.0,
+                       reason=f"plain decoding in {dtype_name(choice.plain_dtype)}: the {choice.tree_tokens}-token tree "
+                              f"is expected at only {speedup:.2f}x ({mode})")
+    return replace(choice, compiled=compiled, plain_compiled=plain_compiled, expected_speedup=round(speedup, 4),
+                   reason=f"{choice.reason.split(': expected')[0]}: expected {speedup:.2f}x "
+                          f"({choice.expected_tokens_per_step:.2f} tokens per {mode})")

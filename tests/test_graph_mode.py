@@ -1,0 +1,126 @@
+"""Captured steps: one graph per step function and shape, nothing recompiled while decoding, the same tokens as
+eager decoding, sampling still lossless, and no hidden synchronisation inside."""
+
+import sys
+import types
+from collections import Counter
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from inference.engine import graph_mode
+from inference.engine.decoding import DecodeRequest, DecodeStats
+from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
+from inference.engine.plain_decoding import PlainDecoder
+from medusa_choices import DynamicTree, load_tree
+from medusa_helpers import hf_greedy, random_heads, random_prompts
+from test_hidden_syncs import hidden_syncs_after_prefill
+from test_medusa_sampling import (LENGTH, PROMPT, SAMPLING, chi_square_rejects, exact_distribution,
+                                  tiny_vocab_model)
+
+# (heads, tree, whether these random heads get candidates accepted on the test's prompts)
+CASES = [("hidden", "mc_sim_7b_63", True), ("hidden_and_next_token", "tree_16", False),
+         ("hidden_and_path", "dynamic:16", True), ("hidden_and_path", "dynamic:16:lookup=0", False)]
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def ids(steps) -> list[int]:
+    return [t for step in steps for t in step]
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_pangu):
+    # repeated text, so that context lookup guesses
+    return [p * 3 for p in random_prompts(tiny_pangu[1].config.vocab_size, count=2, seed=5)]
+
+
+def test_a_captured_plain_decode_equals_hf_greedy_and_recompiles_nothing_after_warm_up(tiny_pangu, prompts):
+    model = tiny_pangu[1]
+    decoder = PlainDecoder(model, compile=True)
+    stats = DecodeStats()
+    assert ids(decoder.decode(DecodeRequest(prompts[0], 8), stats)) == hf_greedy(model, prompts[0], 8)
+    assert stats.compile_seconds > 0
+    before, stats = graphs(), DecodeStats()
+    assert ids(decoder.decode(DecodeRequest(prompts[1], 128), stats)) == hf_greedy(model, prompts[1], 128)
+    assert graphs() == before and stats.compile_seconds == 0
+
+
+@pytest.mark.parametrize("head_input,tree,accepts", CASES)
+def test_captured_medusa_steps_give_the_eager_tokens_and_recompile_nothing_over_128_tokens(tiny_pangu, prompts,
+                                                                                          head_input, tree, accepts):
+    model = tiny_pangu[1]
+    heads = random_heads(model, head_input=head_input, std=0.3)
+    eager, captured = MedusaDecoder(model, heads), MedusaDecoder(model, heads, compile=True)
+    warm = DecodeStats()
+    expected = hf_greedy(model, prompts[0], 16)
+    assert ids(captured.decode(DecodeRequest(prompts[0], 16), load_tree(tree), stats=warm)) == expected
+    assert warm.compile_seconds > 0
+    before, stats, eager_stats = graphs(), DecodeStats(), DecodeStats()
+    request = DecodeRequest(prompts[1], 128)
+    out = ids(captured.decode(request, load_tree(tree), stats=stats))
+    assert out == ids(eager.decode(request, load_tree(tree), stats=eager_stats)) == hf_greedy(model, prompts[1], 128)
+    assert graphs() == before and stats.compile_seconds == 0
+    assert stats.accept_lengths == eager_stats.accept_lengths and (stats.tokens_per_step > 1) == accepts
+
+
+def test_captured_sampling_is_distributed_as_plain_sampling():
+    model = tiny_vocab_model()
+    expected = exact_distribution(model)
+    decoder = MedusaDecoder(model, random_heads(model, num_heads=2, std=0.5, head_input="hidden_and_path"),
+                            compile=True)
+    tree, samples = DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), 1500
+    counts, stats = Counter(), DecodeStats()
+    for seed in range(samples):
+        request = DecodeRequest(PROMPT, LENGTH, (), SAMPLING, seed=seed)
+        counts[tuple(ids(decoder.decode(request, tree, Acceptance("sample"), stats)))] += 1
+    assert stats.accept_lengths[2] > samples // 10
+    stat, critical = chi_square_rejects(counts, expected, samples)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: captured Medusa sampling is not lossless"
+
+
+def test_captured_steps_make_no_hidden_sync(tiny_pangu, prompts):
+    model = tiny_pangu[1]
+    plain = PlainDecoder(model, compile=True)
+    medusa = MedusaDecoder(model, random_heads(model, head_input="hidden_and_path", std=0.3), compile=True)
+    tree = load_tree("dynamic:16")
+    for decode in (lambda n: plain.decode(DecodeRequest(prompts[0], n)),
+                   lambda n: medusa.decode(DecodeRequest(prompts[0], n), tree)):
+        ids(decode(8))  # compiles
+        syncs, steps = hidden_syncs_after_prefill(decode(40))
+        assert steps > 5 and syncs == 0
+
+
+def test_a_graph_break_in_a_step_is_an_error_not_a_silent_eager_fallback():
+    def step(x):
+        torch._dynamo.graph_break()  # what any untraceable code in a step would cause
+        return x + 1
+
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        graph_mode.capture(step, torch.device("cpu"))(torch.ones(2))
+
+
+def test_ascend_graph_mode_uses_torchair_and_without_it_says_so(monkeypatch):
+    seen = {}
+
+    def get_npu_backend(compiler_config):
+        seen["config"] = compiler_config
+        return "eager"  # dynamo's own backend name: compiles nothing, so the step runs on the CPU here
+
+    config_module = types.ModuleType("torchair.configs.compiler_config")
+    config_module.CompilerConfig = lambda: types.SimpleNamespace(experimental_config=types.SimpleNamespace())
+    torchair = types.ModuleType("torchair")
+    torchair.get_npu_backend = get_npu_backend
+    monkeypatch.setitem(sys.modules, "torchair", torchair)
+    monkeypatch.setitem(sys.modules, "torchair.configs", types.ModuleType("torchair.configs"))
+    monkeypatch.setitem(sys.modules, "torchair.configs.compiler_config", config_module)
+    npu = types.SimpleNamespace(type="npu")  # torch.device("npu") exists only with torch_npu
+    step = graph_mode.capture(lambda x: x * 2, npu)
+    assert seen["config"].experimental_config.frozen_parameter is True
+    assert step(torch.ones(2)).tolist() == [2.0, 2.0]
+    monkeypatch.setitem(sys.modules, "torchair", None)
+    with pytest.raises(ValueError, match="needs torchair"):
+        graph_mode.capture(lambda x: x, npu)

@@ -125,3 +125,22 @@ def test_medusa_is_used_from_an_expected_speedup_of_one_point_two(step_ms, uses_
     choice = choose_runtime(profile, 1, [[0.5]])
     assert (choice.tree is not None) == uses_medusa
     assert choice.expected_speedup == pytest.approx(1.25 if uses_medusa else 1.0)
+
+
+def test_each_side_runs_captured_where_that_was_timed_faster_and_a_fast_plain_step_can_take_over():
+    from inference.runtime.calibration import GraphProfile
+    from inference.runtime.runtime_choice import with_graph_mode
+
+    choice = choose_runtime(NATIVE_BF16, 5, demo_accuracy())
+    assert choice.tree is not None and not choice.compiled and choice.graph_mode == "eager"
+    both = with_graph_mode(choice, GraphProfile({"eager": 37.6, "captured": 30.0}, {"eager": 44.5, "captured": 36.0}))
+    assert both.compiled and both.plain_compiled and both.graph_mode == "captured" and both.tree == choice.tree
+    assert both.expected_speedup == pytest.approx(choice.expected_tokens_per_step * 30.0 / 36.0, abs=1e-4)
+    mixed = with_graph_mode(choice, GraphProfile({"eager": 37.6, "captured": 30.0}, {"eager": 44.5, "captured": 50.0}))
+    assert not mixed.compiled and mixed.plain_compiled and mixed.graph_mode == "Medusa eager, plain captured"
+    # captured plain steps so cheap that the tree is expected below the threshold: plain decoding, captured
+    fast_plain = GraphProfile({"eager": 37.6, "captured": 12.0}, {"eager": 44.5, "captured": 40.0})
+    fallback = with_graph_mode(choice, fast_plain)
+    assert fallback.tree is None and fallback.compiled and "plain decoding" in fallback.reason
+    # a tree the user gave is kept
+    assert with_graph_mode(choice, fast_plain, may_fall_back=False).tree == choice.tree

@@ -88,6 +88,12 @@ def _accept_lengths(
     return agree.int().cumprod(dim=1).sum(dim=1)
 
 
+def _placeholder(like: torch.Tensor) -> torch.Tensor:
+    """A tensor of its own where a carried value is unused (an alias of another input would give a captured
+    step a second graph, for the first step only)."""
+    return torch.zeros(1, dtype=like.dtype, device=like.device)
+
+
 @dataclass(frozen=True, eq=False)
 class FixedTreeDrafter:
     """Drafts the same tree shape at every step, from the heads' top-k at the accepted position."""
@@ -129,7 +135,7 @@ class FixedTreeDrafter:
     def head_logits(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """What the first step drafts from when later ones take the heads' logits from the verification
         (else a placeholder)."""
-        return hidden if self.propose_after_verification else self._logits_of_heads(root, hidden)
+        return _placeholder(hidden) if self.propose_after_verification else self._logits_of_heads(root, hidden)
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
         if self.propose_after_verification:
@@ -180,7 +186,7 @@ class DynamicTreeDrafter:
         return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, chain)
 
     def head_logits(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden  # a placeholder: dynamic trees draft from the hidden state
+        return _placeholder(hidden)  # dynamic trees draft from the hidden state
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
         return self.from_hidden(carry.root, carry.hidden, chain)

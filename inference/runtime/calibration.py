@@ -40,6 +40,7 @@ CANDIDATE_DTYPES = {"cpu": (torch.bfloat16, torch.float32), "cuda": (torch.bfloa
                     "npu": (torch.bfloat16, torch.float16)}
 CONTEXT = 256  # cached tokens while timing
 ROUNDS = 5
+GRAPH_CONTEXT = 64  # cached tokens while timing eager against captured steps
 ENGINE = 2  # raised when the engine's step changes what it costs, so older profiles are measured again
 
 
@@ -319,10 +320,12 @@ def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, lo
         log(f"calibration file {path} is unreadable ({error}): measuring again")
     log("Timing eager against captured steps: compiling the plain step" + (" and the Medusa step" if tree else "")
         + f" once (a minute or two on a CPU; kept in {path})")
-    runners = {("plain", mode): step_runner(plain_model, ROUNDS + 1, captured=mode == "captured")
+    # a short context, so the timed graphs have the shapes of short prompts and inductor's disk cache serves
+    # the run that follows
+    runners = {("plain", mode): step_runner(plain_model, ROUNDS + 1, context=GRAPH_CONTEXT, captured=mode == "captured")
                for mode in ("eager", "captured")}
     if tree is not None:
-        runners |= {("step", mode): step_runner(model, ROUNDS + 1, tree, heads, captured=mode == "captured")
+        runners |= {("step", mode): step_runner(model, ROUNDS + 1, tree, heads, GRAPH_CONTEXT, mode == "captured")
                     for mode in ("eager", "captured")}
     ms = interleaved_ms(runners, ROUNDS, model.device)
     profile = GraphProfile({mode: round(ms[("plain", mode)], 3) for mode in ("eager", "captured")},

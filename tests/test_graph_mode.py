@@ -124,3 +124,15 @@ def test_ascend_graph_mode_uses_torchair_and_without_it_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchair", None)
     with pytest.raises(ValueError, match="needs torchair"):
         graph_mode.capture(lambda x: x, npu)
+
+
+def test_compiled_code_is_kept_under_the_home_unless_the_user_chose_a_directory(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from inference.runtime.home import use_compile_cache
+
+    monkeypatch.setenv("OPENPANGU_MEDUSA_HOME", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor writes there itself
+    assert use_compile_cache() == tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_compile_cache() == tmp_path / "mine"

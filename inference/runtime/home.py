@@ -12,6 +12,11 @@ def cache_home() -> Path:
 
 def use_compile_cache() -> Path:
     """Keep inductor's compiled graphs (FX-graph and AOT caches) under the home, so a second process reuses
-    them; a TORCHINDUCTOR_CACHE_DIR the user set wins."""
-    directory = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor")))
-    return directory
+    them; a TORCHINDUCTOR_CACHE_DIR the user set wins. (Inductor writes its default into the variable the first
+    time it looks, so that default is replaced too.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_home() / "inductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])

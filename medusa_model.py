@@ -13,7 +13,6 @@ themselves and their files are `inference.runtime.medusa_heads`; the decoding en
 import copy
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
 from inference.runtime.calibration import graph_profile, model_in_dtype, step_profile
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
+from inference.runtime.errors import to_stderr
 from inference.runtime.home import use_compile_cache
 from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
@@ -49,10 +49,6 @@ def default_tree(device_type: str, num_heads: int) -> Tree:
     levels the heads can fill."""
     name = "tree_8" if device_type == "cpu" else "mc_sim_7b_63"
     return [path for path in load_tree(name) if len(path) <= num_heads]
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def resolve_sources(base_model: str | None, medusa: str | None) -> tuple[str | None, Path | None]:
@@ -123,7 +119,7 @@ def compile_mode(compile: str | bool | None) -> str:
 
 
 def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype | None,
-                        tree: Tree | DynamicTree | None, log: Callable[[str], None] = _stderr,
+                        tree: Tree | DynamicTree | None, log: Callable[[str], None] = to_stderr,
                         compile: str = "off") -> RuntimeChoice:
     """Dtype, tree and graph mode for this machine (calibrated once, then cached); what is given is kept as given.
 
@@ -167,8 +163,8 @@ class MedusaModel(nn.Module):
             runtime = RuntimeChoice.as_given(base_model.dtype, tree or given_tree("heads", heads, base_model.device.type))
         self.runtime = runtime
         self.tree = runtime.tree
-        self.decoder = MedusaDecoder(base_model, self.medusa_head, runtime.compiled, log=_stderr)
-        self.plain_decoder = PlainDecoder(base_model, runtime.plain_compiled, log=_stderr)
+        self.decoder = MedusaDecoder(base_model, self.medusa_head, runtime.compiled, log=to_stderr)
+        self.plain_decoder = PlainDecoder(base_model, runtime.plain_compiled, log=to_stderr)
 
     @property
     def config(self):
@@ -183,7 +179,7 @@ class MedusaModel(nn.Module):
     def from_pretrained(cls, base_model: str | None = None, medusa: str | None = None,
                         device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
                         tree: str | Tree | DynamicTree = "auto", compile: str | bool | None = None,
-                        log: Callable[[str], None] = _stderr) -> "MedusaModel":
+                        log: Callable[[str], None] = to_stderr) -> "MedusaModel":
         """Base and heads as `resolve_sources` finds them, in the dtype and tree that are fastest here.
 
         `device`: auto | cpu | cuda[:N] | npu[:N] or a torch.device. `dtype`: auto (the fastest here), checkpoint

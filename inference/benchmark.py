@@ -32,7 +32,7 @@ from inference.runtime.arguments import ArgumentParser, add_model_args, positive
 from inference.runtime.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
 from inference.runtime.chat import prompt_ids, read_prompts
 from inference.runtime.devices import dtype_name, parse_dtype, resolve_device, set_threads, synchronize
-from inference.runtime.errors import UserError, run_command
+from inference.runtime.errors import UserError, run_command, to_stderr
 from inference.runtime.outputs import check_output_file, replace_atomic, write_atomic
 from medusa_model import MedusaModel
 
@@ -199,10 +199,6 @@ def fastest_baseline(rates: dict[str, float]) -> str:
     return max(rates, key=rates.get)
 
 
-def progress_line(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
@@ -225,7 +221,7 @@ def run(args: argparse.Namespace) -> dict:
         copy_ = model_in_dtype(model, dtype)
         plain_models[dtype_name(dtype)] = PlainDecoder(copy_)
         if args.compile != "off":
-            plain_models[f"{dtype_name(dtype)} captured"] = PlainDecoder(copy_, compile=True, log=progress_line)
+            plain_models[f"{dtype_name(dtype)} captured"] = PlainDecoder(copy_, compile=True, log=to_stderr)
     print(f"Medusa: {runtime.reason} ({runtime.graph_mode}); baseline: plain decoding in {' or '.join(plain_models)}, "
           "whichever is faster in this run", file=sys.stderr)
     prompts = load_benchmark_prompts(args.prompts, args.num_prompts)

@@ -12,6 +12,7 @@ from inference.cli import Session, base_parser, run_cli
 from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.calibration import graph_profile, step_profile
 from inference.runtime.devices import AUTO, dtype_name
+from inference.runtime.errors import to_stderr
 from inference.runtime.home import use_compile_cache
 from inference.runtime.loading import load_base
 from inference.runtime.runtime_choice import fastest_plain_dtype
@@ -30,7 +31,7 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
         profile = graph_profile(model, model, None, None)
         captured = profile.faster_captured(profile.plain_ms)
     print(f"Graph mode: {'captured' if captured else 'eager'} steps", file=sys.stderr)
-    decoder = PlainDecoder(model, captured, log=lambda line: print(line, file=sys.stderr))
+    decoder = PlainDecoder(model, captured, log=to_stderr)
     return Session(model, tokenizer, decoder.decode, args)
 
 

@@ -24,10 +24,6 @@ CASES = [("hidden", "mc_sim_7b_63", True), ("hidden_and_next_token", "tree_16", 
          ("hidden_and_path", "dynamic:16", True), ("hidden_and_path", "dynamic:16:lookup=0", False)]
 
 
-def graphs() -> int:
-    return graphs_compiled()
-
-
 def ids(steps) -> list[int]:
     return [t for step in steps for t in step]
 
@@ -41,12 +37,12 @@ def prompts(tiny_pangu):
 def test_a_captured_plain_decode_equals_hf_greedy_and_recompiles_nothing_after_warm_up(tiny_pangu, prompts):
     model = tiny_pangu[1]
     decoder = PlainDecoder(model, compile=True)
-    stats, first = DecodeStats(), graphs()
+    stats, first = DecodeStats(), graphs_compiled()
     assert ids(decoder.decode(DecodeRequest(prompts[0], 8), stats)) == hf_greedy(model, prompts[0], 8)
-    assert stats.compile_seconds > 0 and graphs() == first + 1
-    before, stats = graphs(), DecodeStats()
+    assert stats.compile_seconds > 0 and graphs_compiled() == first + 1
+    before, stats = graphs_compiled(), DecodeStats()
     assert ids(decoder.decode(DecodeRequest(prompts[1], 128), stats)) == hf_greedy(model, prompts[1], 128)
-    assert graphs() == before and stats.compile_seconds == 0
+    assert graphs_compiled() == before and stats.compile_seconds == 0
 
 
 @pytest.mark.parametrize("head_input,tree,accepts", CASES)
@@ -55,15 +51,15 @@ def test_captured_medusa_steps_give_the_eager_tokens_and_recompile_nothing_over_
     model = tiny_pangu[1]
     heads = random_heads(model, head_input=head_input, std=0.3)
     eager, captured = MedusaDecoder(model, heads), MedusaDecoder(model, heads, compile=True)
-    warm, first = DecodeStats(), graphs()
+    warm, first = DecodeStats(), graphs_compiled()
     expected = hf_greedy(model, prompts[0], 16)
     assert ids(captured.decode(DecodeRequest(prompts[0], 16), load_tree(tree), stats=warm)) == expected
-    assert warm.compile_seconds > 0 and graphs() == first + 1  # one graph serves the first step and the rest
-    before, stats, eager_stats = graphs(), DecodeStats(), DecodeStats()
+    assert warm.compile_seconds > 0 and graphs_compiled() == first + 1  # one graph serves the first step and the rest
+    before, stats, eager_stats = graphs_compiled(), DecodeStats(), DecodeStats()
     request = DecodeRequest(prompts[1], 128)
     out = ids(captured.decode(request, load_tree(tree), stats=stats))
     assert out == ids(eager.decode(request, load_tree(tree), stats=eager_stats)) == hf_greedy(model, prompts[1], 128)
-    assert graphs() == before and stats.compile_seconds == 0
+    assert graphs_compiled() == before and stats.compile_seconds == 0
     assert stats.accept_lengths == eager_stats.accept_lengths and (stats.tokens_per_step > 1) == accepts
 
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.graph_mode import keep_addresses
+
 # Capacities are rounded up to one of these (then to multiples of the largest), so prompts of different
 # lengths share one captured graph.
 CAPACITY_BUCKETS = (256, 512, 1024, 2048, 4096)
@@ -93,6 +95,28 @@ def new_cache(model: nn.Module, capacity: int) -> StaticCache:
     cos, sin = model.model.rotary_emb(zeros(), positions)
     layers = range(config.num_hidden_layers)
     return StaticCache(tuple(zeros() for _ in layers), tuple(zeros() for _ in layers), cos[0], sin[0])
+
+
+class CacheSlot:
+    """The cache of the latest capacity, kept between requests: a captured graph reads it at a fixed address."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.cache = model, None
+
+    def get(self, tokens: int) -> StaticCache:
+        capacity = capacity_bucket(tokens)
+        if self.cache is None or self.cache.capacity != capacity:
+            self.cache = None  # freed before the next one is allocated
+            self.cache = new_cache(self.model, capacity)
+            keep_addresses(*self.cache.keys, *self.cache.values)
+        return self.cache
+
+
+def prefill(model: nn.Module, cache: StaticCache, prompt: list[int]) -> torch.Tensor:
+    """The prompt into an empty cache; the last position's final hidden state [1, H]."""
+    ids = torch.tensor(prompt, device=model.device)
+    positions = torch.arange(len(prompt), device=model.device)
+    return forward(model, cache, ids, positions, positions, None)[-1:]
 
 
 def visible_mask(tree_mask: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -28,10 +28,9 @@ from inference.engine.cpu_linear import use_packed_bf16_linears
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.engine.draft import Draft
 from inference.engine.dynamic_tree import draft_dynamic_tree, lookup_chain
-from inference.engine.forward import StaticCache, check_supported, forward, visible_mask
+from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
-from inference.engine.plain_decoding import CacheSlot, prefill
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race, probabilities
 from inference.engine.tree_buffers import TreeBuffers, build_tree_buffers
 from medusa_choices import DynamicTree, Tree, TreeError

@@ -6,33 +6,10 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.engine.forward import (StaticCache, capacity_bucket, check_supported, forward, new_cache,
-                                      visible_mask)
-from inference.engine.graph_mode import CapturedStep, keep_addresses
+from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
+from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race
-
-
-class CacheSlot:
-    """The cache of the latest capacity, kept between requests: a captured graph reads it at a fixed address."""
-
-    def __init__(self, model: PreTrainedModel):
-        self.model, self.cache = model, None
-
-    def get(self, tokens: int) -> StaticCache:
-        capacity = capacity_bucket(tokens)
-        if self.cache is None or self.cache.capacity != capacity:
-            self.cache = None  # freed before the next one is allocated
-            self.cache = new_cache(self.model, capacity)
-            keep_addresses(*self.cache.keys, *self.cache.values)
-        return self.cache
-
-
-def prefill(model: PreTrainedModel, cache: StaticCache, prompt: list[int]) -> torch.Tensor:
-    """The prompt into an empty cache; the last position's final hidden state [1, H]."""
-    ids = torch.tensor(prompt, device=model.device)
-    positions = torch.arange(len(prompt), device=model.device)
-    return forward(model, cache, ids, positions, positions, None)[-1:]
 
 
 class PlainDecoder:

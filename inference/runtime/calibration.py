@@ -28,7 +28,7 @@ from inference.engine.host_memory import free_host_memory
 from inference.engine.medusa_decoding import MedusaDecoder
 from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.devices import DTYPES, dtype_name, synchronize
-from inference.runtime.errors import UserError
+from inference.runtime.errors import UserError, to_stderr
 from inference.runtime.home import cache_home
 from inference.runtime.outputs import check_writable, exclusive, write_atomic
 from medusa_choices import DynamicTree, Tree, mc_sim_7b_63
@@ -242,7 +242,7 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
     `heads` None: plain steps only. `dtypes`: the dtypes to consider (default: the device's candidates).
     `log`: where the one-line notices go (default stderr).
     """
-    log = log or (lambda line: print(line, file=sys.stderr))
+    log = log or to_stderr
     device_type = model.device.type
     dtypes = list(dtypes or CANDIDATE_DTYPES[device_type])
     skipped = [dtype for dtype in dtypes if not copy_fits(model, dtype)]
@@ -276,15 +276,21 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
     return profile
 
 
-def read_profile(path: Path, dtypes: list[torch.dtype], sizes: tuple[int, ...], log) -> StepProfile | None:
-    """The profile cached at `path`; None where there is none, or it is unreadable (said, so it is measured again)."""
+def read_cached(path: Path, field: str, parse: Callable, log):
+    """`parse` of `field` in the JSON cached at `path`; None where there is none, or it is unreadable (said, so
+    it is measured again)."""
     if not path.is_file():
         return None
     try:
-        return StepProfile.from_dict(json.loads(path.read_text())["profile"], dtypes, sizes)
+        return parse(json.loads(path.read_text())[field])
     except (ValueError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as error:
         log(f"calibration file {path} is unreadable ({error}): measuring again")
         return None
+
+
+def read_profile(path: Path, dtypes: list[torch.dtype], sizes: tuple[int, ...], log) -> StepProfile | None:
+    """The profile cached at `path` (`read_cached`)."""
+    return read_cached(path, "profile", lambda data: StepProfile.from_dict(data, dtypes, sizes), log)
 
 
 def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> StepProfile:
@@ -308,20 +314,17 @@ class GraphProfile:
 def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, log=None) -> GraphProfile:
     """Eager against captured steps for plain decoding (`plain_model`, in its dtype) and, with `tree`, for Medusa
     (`model` with `heads`): measured once per machine, models, tree and dtypes, then read from the cache."""
-    log = log or (lambda line: print(line, file=sys.stderr))
+    log = log or to_stderr
     key = profile_key(model, heads, [model.dtype, plain_model.dtype], ()) | {"graph": repr(tree)}
     path = profile_path(key)
-    try:
-        data = json.loads(path.read_text())["graph"]
-        return GraphProfile(_checked_pair(data["plain_ms"]), None if tree is None else _checked_pair(data["step_ms"]))
-    except FileNotFoundError:
-        pass
-    except (ValueError, KeyError, TypeError, AttributeError, OSError, UnicodeDecodeError) as error:
-        log(f"calibration file {path} is unreadable ({error}): measuring again")
+    cached = read_cached(path, "graph", lambda data: GraphProfile(
+        _checked_pair(data["plain_ms"]), None if tree is None else _checked_pair(data["step_ms"])), log)
+    if cached is not None:
+        return cached
     log("Timing eager against captured steps: compiling the plain step" + (" and the Medusa step" if tree else "")
         + f" once (a minute or two on a CPU; kept in {path})")
-    # a short context, so the timed graphs have the shapes of short prompts and inductor's disk cache serves
-    # the run that follows
+    # a short context, so the timed graphs have the shapes of short prompts (the run that follows reuses the
+    # kernels inductor built for them)
     runners = {("plain", mode): step_runner(plain_model, ROUNDS + 1, context=GRAPH_CONTEXT, captured=mode == "captured")
                for mode in ("eager", "captured")}
     if tree is not None:

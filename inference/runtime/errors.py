@@ -12,6 +12,11 @@ class UserError(ValueError):
     """Bad input or environment the user can fix; the message says how."""
 
 
+def to_stderr(line: str) -> None:
+    """Where one-line notices go by default (progress, choices, compiling)."""
+    print(line, file=sys.stderr)
+
+
 def run_command(body: Callable[[], None], interrupted: str = "interrupted") -> int:
     """Exit status of a command-line entry point: bad input is one `error:` line and status 2, Ctrl-C a
     short note and 130."""

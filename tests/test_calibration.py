@@ -29,7 +29,97 @@ def quick_calibration(monkeypatch, tmp_path):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(calibration, "measure", counting)
+    # the real timings of a tiny model on a shared test machine prove nothing about trust: the tests of
+    # `doubts` below feed it timings of their own
+    monkeypatch.setattr(calibration, "doubts", lambda *args: [])
     return measured
+
+
+def fake_clock(durations_ms):
+    """A clock under which the timed calls last `durations_ms`, in the order they are timed."""
+    durations, now, started = iter(durations_ms), [0.0], [False]
+
+    def read():
+        if started[0]:
+            now[0] += next(durations) / 1000
+        started[0] = not started[0]
+        return now[0]
+    return read
+
+
+def rounds_of(plain, two, five, rounds=5, bursts=()):
+    """Durations of the warm-up round and `rounds` rounds of (plain, 2-token, 5-token) fp32 steps, each
+    with a little jitter; the steps at (round, position) in `bursts` take four times as long."""
+    durations = []
+    for round_index in range(rounds + 1):
+        for position, ms in enumerate((plain, two, five)):
+            jitter = 1 + 0.02 * ((round_index + position) % 3 - 1)
+            factor = 4 if (round_index, position) in bursts else 1
+            durations.append(ms * jitter * factor)
+    return durations
+
+
+@pytest.fixture
+def timed(monkeypatch, quick_calibration):
+    """`quick_calibration` over five rounds with the real `doubts`: returns a function that calibrates under a
+    given sequence of step durations and share of the CPU taken by other processes, and what it logged."""
+    monkeypatch.setattr(calibration, "ROUNDS", 5)
+    monkeypatch.setattr(calibration, "doubts", doubts)
+    meter = calibration.LoadMeter
+
+    def calibrate(model, heads, durations, others_share=0.0):
+        monkeypatch.setattr(calibration, "clock", fake_clock(durations))
+        busy = others_share * 10 * 2
+        readings = iter([(100.0, 10.0), (100.0 + 20 + busy, 30.0)])
+        elapsed = iter([0.0, 10.0])
+        monkeypatch.setattr(calibration, "LoadMeter", lambda: meter(lambda: next(readings), lambda: next(elapsed), cpus=2))
+        lines = []
+        profile = calibration.step_profile(model, heads, [FP32], lines.append)
+        return profile, lines
+    return calibrate
+
+
+doubts = calibration.doubts
+
+
+def test_a_calibration_with_agreeing_plausible_rounds_on_a_quiet_machine_is_kept(tiny_pangu, timed):
+    model, heads = tiny_pangu[1], random_heads(tiny_pangu[1], 2)
+    profile, lines = timed(model, heads, rounds_of(10, 12, 15))
+    assert round(profile.plain_ms[FP32]) == 10 and not any("Not keeping" in line for line in lines)
+    assert len(list(calibration.calibration_dir().glob("*.json"))) == 1
+
+
+@pytest.mark.parametrize("case, why", [
+    ("burst", "rounds disagree"),
+    ("busy", "other processes took 50% of the CPU time"),
+    ("larger step cheaper", "5-token step (5.0 ms) timed far below a 2-token one"),
+    ("plain slower", "plain step (20.0 ms) timed slower than a 2-token step"),
+])
+def test_a_noisy_busy_or_implausible_calibration_serves_this_run_only(tiny_pangu, timed, quick_calibration, case, why):
+    model, heads = tiny_pangu[1], random_heads(tiny_pangu[1], 2)
+    durations = {
+        "burst": rounds_of(10, 12, 15, bursts={(3, 2), (4, 1)}),
+        "busy": rounds_of(10, 12, 15),
+        "larger step cheaper": rounds_of(10, 12, 5),
+        "plain slower": rounds_of(20, 12, 15),
+    }[case]
+    profile, lines = timed(model, heads, durations, others_share=0.5 if case == "busy" else 0.0)
+    notice = [line for line in lines if line.startswith("Not keeping this calibration")]
+    assert len(notice) == 1 and why in notice[0], lines
+    assert not list(calibration.calibration_dir().glob("*.json"))
+    timed(model, heads, rounds_of(10, 12, 15))  # the next run measures again, and keeps a clean result
+    assert len(quick_calibration) == 2 and len(list(calibration.calibration_dir().glob("*.json"))) == 1
+
+
+def test_the_load_meter_counts_other_processes_cpu_time_not_its_own():
+    readings = iter([(100.0, 10.0), (130.0, 30.0)])  # machine busy 30 s of which this process 20 s
+    elapsed = iter([5.0, 15.0])
+    with calibration.LoadMeter(lambda: next(readings), lambda: next(elapsed), cpus=2) as load:
+        pass
+    assert load.share == pytest.approx(10 / (10 * 2))
+    with calibration.LoadMeter(lambda: None) as unknown:
+        pass
+    assert unknown.share is None
 
 
 def test_calibration_measures_once_and_reuses_the_profile(tiny_pangu, quick_calibration):

@@ -6,12 +6,17 @@ AVX2-only CPU ~5x in bf16 but ~1.3x in fp32, on a GPU or NPU about 1x up to 64 t
 measured, once per (machine, torch, threads, base model, heads, dtypes), and cached as JSON under
 `$OPENPANGU_MEDUSA_HOME/calibration/`. A profile is plain data (`StepProfile`), so the choice it drives
 (`inference.runtime.runtime_choice`) can be tested with any machine's numbers.
+
+A profile is kept only when it can be trusted: its rounds agree, its costs are plausible, and no other process
+took a share of the CPU while it was measured (bursty load, a compiler starting and stopping, misleads the
+interleaving that steady load does not). Otherwise it serves this run only and the next run measures again.
 """
 
 import copy
 import hashlib
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -42,6 +47,10 @@ CONTEXT = 256  # cached tokens while timing
 ROUNDS = 5
 GRAPH_CONTEXT = 64  # cached tokens while timing eager against captured steps
 ENGINE = 2  # raised when the engine's step changes what it costs, so older profiles are measured again
+SPREAD = 0.3  # the most the rounds of one timing may disagree (interquartile range / median) in a kept profile
+CHEAPER = 0.75  # a step timed below this fraction of a smaller one's cost (or of the plain step's) is noise
+BUSY = 0.2  # other processes' share of the machine's CPU time while calibrating above which it was busy
+clock = time.perf_counter  # the timer of every timed step (replaced by the tests)
 
 
 @dataclass
@@ -150,21 +159,89 @@ def step_runner(model, calls: int, tree: Tree | DynamicTree | None = None, heads
     return run
 
 
-def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
-    """Median ms of each runner over `repeats` rounds that run every runner once, in turn, after one
-    warm-up round: drift of a shared machine (clock, a neighbour's load) then hits every size alike."""
+def interleaved_rounds(runners: dict, repeats: int, device, progress=None) -> dict[object, list[float]]:
+    """ms of each runner in each of `repeats` rounds that run every runner once, in turn, after one warm-up
+    round: drift of a shared machine (clock, a neighbour's load) then hits every size alike."""
     times = {key: [] for key in runners}
     for round_index in range(repeats + 1):
         for key, run in runners.items():
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             run()
             synchronize(device)
+            elapsed_ms = 1000 * (clock() - start)
             if round_index:
-                times[key].append(time.perf_counter() - start)
+                times[key].append(elapsed_ms)
         if progress is not None:
             progress.update()
-    return {key: 1000 * statistics.median(values) for key, values in times.items()}
+    return times
+
+
+def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
+    """Median ms of each runner over `interleaved_rounds`."""
+    return {key: statistics.median(values) for key, values in interleaved_rounds(runners, repeats, device, progress).items()}
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine has been busy, CPU seconds of this process) so far; None where the
+    kernel does not say (not Linux)."""
+    try:
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    own = os.times()
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+class LoadMeter:
+    """Other processes' share of the machine's CPU time while the `with` block ran: the machine's busy time
+    (a virtual machine's stolen time included) less this process's own, over the block's seconds x CPUs."""
+
+    def __init__(self, read: Callable[[], tuple[float, float] | None] = _cpu_seconds,
+                 elapsed: Callable[[], float] = time.monotonic, cpus: int | None = None):
+        self.read, self.elapsed, self.cpus = read, elapsed, cpus or os.cpu_count() or 1
+        self.share: float | None = None
+
+    def __enter__(self) -> "LoadMeter":
+        self._start, self._started = self.read(), self.elapsed()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end, seconds = self.read(), self.elapsed() - self._started
+        if self._start is None or end is None or seconds <= 0:
+            return
+        others = (end[0] - self._start[0]) - (end[1] - self._start[1])
+        self.share = max(0.0, others / (seconds * self.cpus))
+
+
+def doubts(rounds: dict[tuple[torch.dtype, int], list[float]], profile: "StepProfile",
+           others_share: float | None) -> list[str]:
+    """Why a measured profile should not be kept (none: keep it): rounds that disagree beyond SPREAD, costs
+    no hardware has (a larger step much cheaper than a smaller one, plain slower than the smallest tree step),
+    or other processes busy on the machine beyond BUSY while it was measured."""
+    found = []
+    if others_share is not None and others_share > BUSY:
+        found.append(f"other processes took {others_share:.0%} of the CPU time while it ran")
+    for (dtype, tokens), values in rounds.items():
+        if len(values) >= 3:
+            q1, _, q3 = statistics.quantiles(values, n=4)
+            spread = (q3 - q1) / statistics.median(values)
+            if spread > SPREAD:
+                what = "plain step" if tokens == 1 else f"{tokens}-token step"
+                found.append(f"the {dtype_name(dtype)} {what}'s rounds disagree by {spread:.0%}")
+    for dtype, table in profile.step_ms.items():
+        sizes = sorted(table)
+        if sizes and profile.plain_ms[dtype] * CHEAPER > table[sizes[0]]:
+            found.append(f"a {dtype_name(dtype)} plain step ({profile.plain_ms[dtype]:.1f} ms) timed slower than a "
+                         f"{sizes[0]}-token step ({table[sizes[0]]:.1f} ms)")
+        for index, larger in enumerate(sizes[1:], start=1):
+            dearest = max(sizes[:index], key=table.get)
+            if table[larger] < CHEAPER * table[dearest]:
+                found.append(f"a {dtype_name(dtype)} {larger}-token step ({table[larger]:.1f} ms) timed far below a "
+                             f"{dearest}-token one ({table[dearest]:.1f} ms)")
+                break
+    return found
 
 
 def model_in_dtype(model, dtype: torch.dtype):
@@ -189,8 +266,9 @@ def copy_fits(model, dtype: torch.dtype) -> bool:
 
 
 def measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...], rounds: int = ROUNDS,
-            progress=None) -> StepProfile:
-    """Time the plain token and every step size in every dtype, all interleaved round after round."""
+            progress=None) -> tuple[StepProfile, list[str]]:
+    """Time the plain token and every step size in every dtype, all interleaved round after round; returns
+    the profile and the `doubts` that keep it from being cached."""
     runners = {}
     for dtype in dtypes:
         model_d = model_in_dtype(model, dtype)
@@ -198,12 +276,15 @@ def measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...], rou
         heads_d = copy.deepcopy(heads).to(dtype=dtype) if sizes else None
         for tokens in sizes:
             runners[(dtype, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads), heads_d)
-    ms = interleaved_ms(runners, rounds, model.device, progress)
-    return StepProfile(
+    with LoadMeter() as load:
+        times = interleaved_rounds(runners, rounds, model.device, progress)
+    ms = {key: statistics.median(values) for key, values in times.items()}
+    profile = StepProfile(
         plain_ms={dtype: round(ms[(dtype, 1)], 3) for dtype in dtypes},
         step_ms={dtype: {tokens: round(ms[(dtype, tokens)], 3) for tokens in sizes} for dtype in dtypes},
         hardware=hardware_description(model.device),
     )
+    return profile, doubts(times, profile, load.share if model.device.type == "cpu" else None)
 
 
 def profile_key(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> dict:
@@ -263,16 +344,18 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
     except UserError as error:
         log(f"Calibrating {what} for this run only: {error} (set OPENPANGU_MEDUSA_HOME to a writable directory to "
             "keep the result)")
-        return _measure(model, heads, dtypes, sizes)
+        return _measure(model, heads, dtypes, sizes)[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(path, on_wait=lambda: log(f"Waiting for another process that is calibrating {path} ...")):
         profile = read_profile(path, dtypes, sizes, lambda line: None)  # the other process's result, if any
         if profile is None:
-            log(f"Calibrating {what}; this happens once, the result is kept in {path} (measured on a busy machine? "
-                "delete it to measure again)")
-            profile = _measure(model, heads, dtypes, sizes)
-            # atomic: an interrupted calibration never leaves a half-written profile
-            write_atomic(path, json.dumps({"key": key, "profile": profile.to_dict()}, indent=1) + "\n")
+            log(f"Calibrating {what}; this happens once, the result is kept in {path}")
+            profile, found = _measure(model, heads, dtypes, sizes)
+            if found:
+                log(f"Not keeping this calibration, it serves this run only and the next run measures again: "
+                    f"{'; '.join(found[:2])}{f' (and {len(found) - 2} more)' if len(found) > 2 else ''}")
+            else:  # atomic: an interrupted calibration never leaves a half-written profile
+                write_atomic(path, json.dumps({"key": key, "profile": profile.to_dict()}, indent=1) + "\n")
     return profile
 
 
@@ -293,7 +376,7 @@ def read_profile(path: Path, dtypes: list[torch.dtype], sizes: tuple[int, ...], 
     return read_cached(path, "profile", lambda data: StepProfile.from_dict(data, dtypes, sizes), log)
 
 
-def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> StepProfile:
+def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) -> tuple[StepProfile, list[str]]:
     from tqdm import tqdm
 
     with tqdm(total=ROUNDS + 1, desc="calibrating", unit="round", file=sys.stderr) as progress:

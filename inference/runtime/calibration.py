@@ -180,9 +180,14 @@ def interleaved_rounds(runners: dict, repeats: int, device, progress=None) -> di
     return times
 
 
+def medians(times: dict[object, list[float]]) -> dict:
+    """The median of each runner's rounds."""
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
     """Median ms of each runner over `interleaved_rounds`."""
-    return {key: statistics.median(values) for key, values in interleaved_rounds(runners, repeats, device, progress).items()}
+    return medians(interleaved_rounds(runners, repeats, device, progress))
 
 
 def _cpu_seconds() -> tuple[float, float] | None:
@@ -281,7 +286,7 @@ def measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...], rou
             runners[(dtype, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads), heads_d)
     with LoadMeter() as load:
         times = interleaved_rounds(runners, rounds, model.device, progress)
-    ms = {key: statistics.median(values) for key, values in times.items()}
+    ms = medians(times)
     profile = StepProfile(
         plain_ms={dtype: round(ms[(dtype, 1)], 3) for dtype in dtypes},
         step_ms={dtype: {tokens: round(ms[(dtype, tokens)], 3) for tokens in sizes} for dtype in dtypes},

@@ -4,6 +4,7 @@ import gzip
 import json
 import logging
 import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from inference.runtime.outputs import exclusive
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
 from medusa_model import load_heads, save_heads
-from train import draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
+from train import distilled_answers, draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
 from train import medusa_training
 from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
                                    most_frequent_tokens, read_samples, soft_cross_entropy)
@@ -160,6 +161,33 @@ def test_a_second_distillation_into_one_file_stops_with_the_reason(distilled, ca
         assert gen_distill_data.main(["--base_model", str(directory), "--prompts", str(data.parent / "prompts.jsonl"),
                                       "--out", str(data), "--max_samples", "12", "--dtype", "fp32"]) == 2
     assert "another gen_distill_data.py is writing" in capsys.readouterr().err and data.read_text() == before
+
+
+def test_a_pack_of_distilled_answers_unpacks_to_the_same_records_without_holding_prompt_text(distilled, tmp_path):
+    directory, data = distilled
+    prompts = data.parent / "prompts.jsonl"
+    pack = tmp_path / "answers.npz"
+    assert distilled_answers.main(["pack", str(data), "--prompts", str(prompts), "--out", str(pack)]) == 0
+    with zipfile.ZipFile(pack) as arrays:
+        assert not any(b"fox" in arrays.read(name) for name in arrays.namelist())
+    out = tmp_path / "again.jsonl"
+    assert distilled_answers.main(["unpack", str(pack), "--out", str(out), "--base_model", str(directory)]) == 0
+    assert out.read_text() == data.read_text()
+
+
+def test_unpacking_against_prompts_that_changed_names_the_prompt(distilled, tmp_path, capsys):
+    directory, data = distilled
+    pack = tmp_path / "answers.npz"
+    assert distilled_answers.main(["pack", str(data), "--prompts", str(data.parent / "prompts.jsonl"),
+                                   "--out", str(pack)]) == 0
+    edited = tmp_path / "edited.jsonl"
+    lines = (data.parent / "prompts.jsonl").read_text().splitlines()
+    lines[3] = json.dumps({"prompt": "question number 3 about a dog"})
+    edited.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "again.jsonl"
+    assert distilled_answers.main(["unpack", str(pack), "--out", str(out), "--base_model", str(directory),
+                                   "--prompts", str(edited)]) == 2
+    assert "prompt 3 of" in capsys.readouterr().err and not out.exists()
 
 
 def test_an_interrupted_training_leaves_the_heads_in_its_out_as_they_were(distilled, tmp_path, monkeypatch, capsys):

@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,8 +25,9 @@ from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
 from inference.engine.plain_decoding import PlainDecoder
 from inference.engine.sampling import Sampling
+from inference.engine.step_schedule import AdaptiveSchedule
 from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
-from inference.runtime.calibration import graph_profile, model_in_dtype, step_profile
+from inference.runtime.calibration import graph_profile, model_in_dtype, step_profile, write_correction
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
 from inference.runtime.errors import to_stderr
@@ -34,7 +36,8 @@ from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime, with_graph_mode
+from inference.runtime.runtime_choice import (RuntimeChoice, choose_runtime, costs_realised, with_graph_mode,
+                                             with_step_options)
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -127,11 +130,17 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
     tree is chosen from eager costs) and each side runs the faster way; plain decoding takes over where the
     faster plain step leaves an automatically chosen tree expected below the threshold."""
     if dtype is not None and tree is not None:
-        choice = RuntimeChoice.as_given(dtype, tree)
-    else:
-        profile = step_profile(model, heads, None if dtype is None else [dtype], log)
-        choice = choose_runtime(profile, heads.num_heads, heads.config.medusa_head_accuracy, dtype, tree,
-                                dynamic=heads.propose_after_verification)
+        return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, log, compile)
+    accuracy = heads.config.medusa_head_accuracy
+    profile = step_profile(model, heads, None if dtype is None else [dtype], log)
+    choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification)
+    choice = captured_where_faster(choice, model, heads, tree, log, compile)
+    return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None)
+
+
+def captured_where_faster(choice: RuntimeChoice, model: nn.Module, heads: MedusaHeads, tree: Tree | DynamicTree | None,
+                          log: Callable[[str], None], compile: str) -> RuntimeChoice:
+    """`choice` with each side captured as `compile` says (auto: where that was timed faster)."""
     if compile != "off":
         use_compile_cache()
     if compile == "on":
@@ -164,6 +173,11 @@ class MedusaModel(nn.Module):
         self.runtime = runtime
         self.tree = runtime.tree
         self.decoder = MedusaDecoder(base_model, self.medusa_head, runtime.compiled, log=to_stderr)
+        # each step's choice checked against what steps really cost here, for as long as this model lives
+        self.schedule = AdaptiveSchedule(
+            list(runtime.options), costs_realised(runtime),
+            partial(write_correction, runtime.profile, runtime.dtype, log=to_stderr), to_stderr,
+        ) if runtime.options else None
         self.plain_decoder = PlainDecoder(base_model, runtime.plain_compiled, log=to_stderr)
 
     @property
@@ -245,7 +259,8 @@ class MedusaModel(nn.Module):
         if tree is None:
             return self.plain_decoder.decode(request, stats)
         acceptance = acceptance or Acceptance(default_rule(request.sampling.temperature))
-        return self.decoder.decode(request, tree, acceptance, stats)
+        return self.decoder.decode(request, self.schedule if tree is self.tree and self.schedule else tree,
+                                   acceptance, stats)
 
     def medusa_generate(self, input_ids, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                         acceptance: str | None = None, posterior_threshold: float = 0.09,

@@ -13,7 +13,9 @@ Tokens are counted from ids, each side's own. Greedy outputs are compared token 
 in fp32 when both sides run in the same dtype).
 
 Metrics: tokens/s of each side from its own tokens and time, speed-up = ratio of those rates; tau = tokens per Medusa verification step (prefill excluded);
-ms per Medusa step and ms per plain token (decode phase only); overhead = step time / token time.
+ms per Medusa step and ms per plain token (decode phase only); overhead = step time / token time; step_sizes =
+how many Medusa steps verified each number of tokens (1: a plain step the schedule chose), switches = how often
+it changed its choice.
 """
 
 import argparse
@@ -21,7 +23,7 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -120,7 +122,17 @@ def summarise(rows: list[dict]) -> dict:
         "ms_per_plain_token": round(ms_token, 3),
         "overhead": round(ms_step / ms_token, 4),
         "outputs_identical": round(sum(r["identical"] for r in rows) / len(rows), 4),
+        "step_sizes": step_sizes(rows),
+        "switches": sum(r["medusa_switches"] for r in rows),
     }
+
+
+def step_sizes(rows: list[dict]) -> dict[str, int]:
+    """How many Medusa steps verified each number of tokens (1: a plain step), over the rows' first runs."""
+    total = Counter()
+    for row in rows:
+        total.update({int(k): v for k, v in row["medusa_step_sizes"].items()})
+    return {str(k): v for k, v in sorted(total.items())}
 
 
 def print_table(results: dict, file=None) -> None:
@@ -260,6 +272,8 @@ def run(args: argparse.Namespace) -> dict:
                 "medusa_seconds": statistics.median(s[0] for s in samples["medusa"]),
                 "medusa_decode_seconds": statistics.median(s[1] for s in samples["medusa"]),
                 "medusa_steps": samples["medusa"][0][3].steps,
+                "medusa_step_sizes": {str(k): v for k, v in sorted(samples["medusa"][0][3].step_sizes.items())},
+                "medusa_switches": samples["medusa"][0][3].switches,
                 "plain": {name: {"tokens": len(samples[name][0][2]),
                                  "identical": samples[name][0][2] == med_out,
                                  "seconds": statistics.median(s[0] for s in samples[name]),

@@ -64,6 +64,10 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
         else:
             shape = f"depth {max(map(len, medusa.tree))}"
         print(f"Tree: {runtime.tree_tokens} tokens per step, {shape}, acceptance {rule}", file=sys.stderr)
+        if runtime.options:
+            sizes = "/".join(str(o.tokens) for o in sorted(runtime.options, key=lambda o: o.tokens) if o.tree is not None)
+            print(f"Each step: the {sizes}-token tree or a plain step, whichever real steps show fastest",
+                  file=sys.stderr)
 
     def decode(request, stats):
         return medusa.decode(request, acceptance, stats)

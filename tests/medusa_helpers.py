@@ -1,9 +1,12 @@
 """Shared pieces of the Medusa tests: prompts, references and heads fitted to a model's own outputs."""
 
+import random
+
 import torch
 
 from inference.engine.decoding import DecodeRequest
 from inference.engine.plain_decoding import plain_decode
+from inference.engine.step_schedule import FixedSchedule, StepOption
 from medusa_model import MedusaConfig, MedusaHeads
 
 
@@ -77,3 +80,15 @@ def fit_heads(model, prompts: list[list[int]], max_new_tokens: int, num_heads: i
         loss.backward()
         optimizer.step()
     return heads.eval()
+
+
+class ScriptedSchedule(FixedSchedule):
+    """Runs its trees (None: a plain step) in a fixed pseudo-random order, whatever they cost: a forced switch
+    at most steps."""
+
+    def __init__(self, trees: list, seed: int = 0):
+        self.options = tuple(StepOption(tree, 1.0, 1.0) for tree in trees)
+        self.order = random.Random(seed)
+
+    def next(self, stats) -> int:
+        return self.order.randrange(len(self.options))

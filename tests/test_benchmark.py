@@ -47,7 +47,9 @@ def test_benchmark_writes_json_table_and_plot_with_captured_steps_timed_apart_fr
 def test_each_side_is_rated_on_its_own_tokens_and_time():
     row = {"max_new_tokens": 32, "category": "chat", "identical": False, "medusa_steps": 5,
            "tokens": 20, "medusa_seconds": 1.0, "medusa_decode_seconds": 0.9,
-           "baseline_tokens": 10, "baseline_seconds": 1.0, "baseline_decode_seconds": 0.9}
+           "baseline_tokens": 10, "baseline_seconds": 1.0, "baseline_decode_seconds": 0.9,
+           "medusa_step_sizes": {"1": 2, "9": 3}, "medusa_switches": 1}
+    assert benchmark.summarise([row, row | {"medusa_step_sizes": {"13": 5}}])["step_sizes"] == {"1": 2, "9": 3, "13": 5}
     summary = benchmark.summarise([row])
     assert summary["medusa_tokens_per_second"] == 20 and summary["baseline_tokens_per_second"] == 10
     assert summary["speedup"] == 2.0 and summary["tokens_per_step"] == 19 / 5

@@ -3,16 +3,19 @@
 import json
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from inference.engine.decoding import DecodeRequest
 from inference.runtime import calibration
 from inference.runtime.outputs import exclusive
 
 BF16, FP32 = torch.bfloat16, torch.float32
 from medusa_choices import DynamicTree
 from medusa_helpers import random_heads
+from medusa_model import MedusaModel, save_heads
 
 
 @pytest.fixture
@@ -327,3 +330,52 @@ def test_a_second_calibration_of_one_key_waits_for_the_first_and_takes_its_profi
     second.join()
     assert any("Waiting for another process" in line for line in notices)
     assert quick_calibration == [] and results[0].step_ms == {FP32: {2: 12.0, 5: 15.0}}
+
+
+def test_costs_timed_in_real_steps_replace_the_profiles_and_are_read_back_as_realised(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    profile = calibration.step_profile(model, heads, [FP32], log=lambda line: None)
+    plain, two, five = profile.plain_ms[FP32], profile.step_ms[FP32][2], profile.step_ms[FP32][5]
+    notices = []
+    calibration.write_correction(profile, FP32, {1: plain * 10, 2: two * 2}, log=notices.append)
+    again = calibration.step_profile(model, heads, [FP32], log=lambda line: None)
+    assert len(quick_calibration) == 1 and again.realised == {FP32: [1, 2]}
+    assert again.plain_ms[FP32] == pytest.approx(plain * 10, abs=1e-3)
+    assert again.step_ms[FP32] == pytest.approx({2: two * 2, 5: five * 2}, abs=1e-3)  # 5 moves with the nearest
+    assert len(notices) == 1 and "10.0x off what real steps cost" in notices[0]
+
+
+def test_a_profile_that_serves_one_run_only_is_not_corrected_on_disk(tiny_pangu, quick_calibration):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=2)
+    profile = calibration.step_profile(model, heads, [FP32], log=lambda line: None)
+    [cached] = calibration.calibration_dir().glob("*.json")
+    before = cached.read_text()
+    calibration.write_correction(replace(profile, path=None), FP32, {1: 1.0}, log=lambda line: None)
+    assert cached.read_text() == before
+
+
+def test_a_model_started_from_a_cached_profile_10x_off_corrects_it_while_decoding(tiny_pangu, quick_calibration,
+                                                                                   tmp_path, capsys):
+    directory, model = tiny_pangu
+    heads = random_heads(model, num_heads=2)
+    heads.config.medusa_head_accuracy = [[0.6, 0.2], [0.5, 0.1]]
+    save_heads(heads, tmp_path / "heads")
+
+    def load():
+        return MedusaModel.from_pretrained(str(directory), str(tmp_path / "heads"), "cpu", "fp32", compile="off",
+                                           log=lambda line: None)
+
+    load()  # calibrates
+    [cached] = calibration.calibration_dir().glob("*.json")
+    data = json.loads(cached.read_text())
+    true_plain = data["profile"]["plain_ms"]["fp32"]
+    data["profile"]["plain_ms"]["fp32"] = true_plain * 10
+    cached.write_text(json.dumps(data))
+    medusa = load()
+    assert sum(map(len, medusa.decode(DecodeRequest([1, 5, 9], 40)))) == 40
+    assert "off what real steps cost" in capsys.readouterr().err
+    corrected = json.loads(cached.read_text())["profile"]
+    assert corrected["realised"] == {"fp32": [1, 2, 5]} and corrected["plain_ms"]["fp32"] < true_plain * 5
+    assert len(quick_calibration) == 1

@@ -7,11 +7,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from inference.engine.decoding import DecodeRequest
 from inference.engine.forward import StaticCache
-from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
+from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
 from inference.engine.plain_decoding import plain_decode
 from inference.engine.sampling import Sampling
 from medusa_choices import load_tree
-from medusa_helpers import random_heads, random_prompts, upper_half_vocab
+from medusa_helpers import ScriptedSchedule, random_heads, random_prompts, upper_half_vocab
 
 # What the profiler shows for every implicit device-to-host read (.item(), 0-d tensor indexing, bool(t),
 # multinomial's checks, boolean masks); an explicit .tolist() does not show.
@@ -49,6 +49,17 @@ def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input
     request = DecodeRequest(prompt, 40, (), sampling, seed=0)
     syncs, steps = hidden_syncs_after_prefill(decoder.decode(request, load_tree(tree), Acceptance(rule)))
     assert steps > 5 and syncs == 0
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLED])
+def test_steps_a_schedule_switches_between_make_no_hidden_sync(tiny_pangu, sampling):
+    model = tiny_pangu[1]
+    decoder = MedusaDecoder(model, random_heads(model, head_input="hidden_and_path"))
+    prompt = random_prompts(model.config.vocab_size, count=1)[0]
+    schedule = ScriptedSchedule([load_tree("dynamic:16"), None, load_tree("dynamic:8"), load_tree("mc_sim_7b_63")])
+    request = DecodeRequest(prompt, 40, (), sampling, seed=0)
+    syncs, steps = hidden_syncs_after_prefill(decoder.decode(request, schedule, Acceptance(default_rule(sampling.temperature))))
+    assert steps > 10 and syncs == 0
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED])
@@ -97,13 +108,16 @@ class TransferCounter:
 @pytest.mark.parametrize("rule,sampling,head_input,tree", [("greedy", Sampling(), "hidden", "mc_sim_7b_63"),
                                                            ("sample", SAMPLED, "hidden_and_next_token", "tree_16"),
                                                            ("greedy", Sampling(), "hidden_and_path", "dynamic:16"),
-                                                           ("sample", SAMPLED, "hidden_and_path", "dynamic:16")])
+                                                           ("sample", SAMPLED, "hidden_and_path", "dynamic:16"),
+                                                           ("sample", SAMPLED, "hidden_and_path", "switching")])
 def test_each_medusa_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch, rule, sampling, head_input, tree):
     model = tiny_pangu[1]
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     prompt = random_prompts(model.config.vocab_size, count=1)[0] * 3  # repeated text, so context lookup guesses
+    steps_of = ScriptedSchedule([load_tree("dynamic:16"), None, load_tree("tree_16")]) if tree == "switching" \
+        else load_tree(tree)
     transfers = TransferCounter(monkeypatch)
-    steps = len(list(decoder.decode(DecodeRequest(prompt, 40, (), sampling, seed=0), load_tree(tree), Acceptance(rule))))
+    steps = len(list(decoder.decode(DecodeRequest(prompt, 40, (), sampling, seed=0), steps_of, Acceptance(rule))))
     assert steps > 5 and transfers.counts == {"tolist": steps, "item": 0, "cpu": 0, "numpy": 0}  # prefill included
 
 

@@ -6,7 +6,8 @@ import torch
 from inference.engine.decoding import DecodeRequest, DecodeStats
 from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import load_tree, validate_tree
-from medusa_helpers import fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts, upper_half_vocab
+from medusa_helpers import (ScriptedSchedule, fit_heads, hf_greedy, plain_greedy, random_heads, random_prompts,
+                            upper_half_vocab)
 from medusa_model import DEMO_HEADS_DIR, MedusaModel, load_heads
 
 TREES = ["mc_sim_7b_63", "chain_4", "tree_16"]
@@ -60,6 +61,19 @@ def test_tiny_pangu_fitted_heads_accept_several_tokens_and_equal_hf_greedy(tiny,
     tokens_per_step = sum(s.new_tokens for s in stats) / sum(s.steps for s in stats)
     assert tokens_per_step > MIN_TOKENS_PER_STEP[tree]
     assert max(max(s.accept_lengths) for s in stats) >= 4
+
+
+@pytest.mark.parametrize("heads", ["fitted", "random, proposing in the verification's lm_head pass"])
+def test_switching_between_tree_sizes_and_plain_steps_mid_generation_keeps_hf_greedy(tiny, tiny_fitted_heads, heads):
+    model, prompts, references = tiny
+    heads = tiny_fitted_heads if heads == "fitted" else random_heads(model)
+    schedule = ScriptedSchedule([load_tree("chain_4"), None, load_tree("dynamic:16"), load_tree("mc_sim_7b_63")])
+    decoder = MedusaDecoder(model, heads)
+    stats = DecodeStats()
+    outputs = [[t for step in decoder.decode(DecodeRequest(p, NEW_TOKENS), schedule, stats=stats) for t in step]
+               for p in prompts]
+    assert outputs == references
+    assert set(stats.step_sizes) == {1, 5, 17, 64} and stats.accept_lengths.total() == stats.steps
 
 
 def test_next_token_heads_read_the_token_the_base_model_just_chose(tiny):

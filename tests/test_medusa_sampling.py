@@ -13,7 +13,7 @@ from inference.engine.decoding import DecodeRequest, DecodeStats
 from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
 from inference.engine.sampling import Sampling, probabilities
 from medusa_choices import DynamicTree, load_tree
-from medusa_helpers import random_heads
+from medusa_helpers import ScriptedSchedule, random_heads
 
 VOCAB, LENGTH, SAMPLES = 6, 3, 3000
 PROMPT = [1, 4, 2]
@@ -63,10 +63,15 @@ def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) ->
 
 # Two of the six tokens at the first level: a root draw is often not among the proposals, so steps that accept
 # nothing, second steps and the KV keep after a sampled step all happen. The dynamic tree is chosen per step,
-# from the heads alone or with the context-lookup chain competing for its nodes.
-@pytest.mark.parametrize("tree,head_input", [([[0], [1], [0, 0]], "hidden"),
-                                             (DynamicTree(nodes=3, top_k=2, expand=1, lookup=0), "hidden_and_path"),
-                                             (DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), "hidden_and_path")])
+# from the heads alone or with the context-lookup chain competing for its nodes; or a schedule switches between
+# trees of two sizes and plain steps.
+@pytest.mark.parametrize("tree,head_input", [
+    ([[0], [1], [0, 0]], "hidden"),
+    (DynamicTree(nodes=3, top_k=2, expand=1, lookup=0), "hidden_and_path"),
+    (DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), "hidden_and_path"),
+    (ScriptedSchedule([DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), None,
+                       DynamicTree(nodes=2, top_k=2, expand=1, lookup=0)]), "hidden_and_path"),
+], ids=["fixed", "dynamic", "dynamic-lookup", "switching"])
 def test_sampled_continuations_match_plain_sampling_distribution(tree, head_input):
     model = tiny_vocab_model()
     expected = exact_distribution(model)

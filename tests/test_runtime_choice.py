@@ -1,12 +1,13 @@
 """The dtype and tree are chosen from the machine's measured step costs and the heads' measured accuracy."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from inference.runtime.calibration import StepProfile
-from inference.runtime.runtime_choice import MIN_EXPECTED_SPEEDUP, choose_runtime
+from inference.runtime.runtime_choice import LADDER, MIN_EXPECTED_SPEEDUP, choose_runtime, with_step_options
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
@@ -144,3 +145,20 @@ def test_each_side_runs_captured_where_that_was_timed_faster_and_a_fast_plain_st
     assert fallback.tree is None and fallback.compiled and "plain decoding" in fallback.reason
     # a tree the user gave is kept
     assert with_graph_mode(choice, fast_plain, may_fall_back=False).tree == choice.tree
+
+
+def test_a_chosen_tree_competes_at_every_step_with_the_next_best_sizes_and_the_plain_step():
+    choice = choose_runtime(NATIVE_BF16, 5, demo_accuracy(), dynamic=True)
+    choice = with_step_options(choice, NATIVE_BF16, demo_accuracy(), 5, tree_given=False)
+    first, *trees, plain = choice.options
+    assert first.tree == choice.tree and plain.tree is None and len(trees) == LADDER - 1
+    assert all(isinstance(o.tree, DynamicTree) for o in (first, *trees))
+    assert len({o.tokens for o in choice.options}) == LADDER + 1
+    assert plain.profile_ms == NATIVE_BF16.plain_ms[BF16] and first.expected_tokens == choice.expected_tokens_per_step
+
+
+def test_a_given_tree_competes_with_the_plain_step_only_and_a_captured_one_with_nothing():
+    given = choose_runtime(NATIVE_BF16, 3, demo_accuracy(), BF16, load_tree("tree_16"))
+    assert [o.tokens for o in with_step_options(given, NATIVE_BF16, demo_accuracy(), 3, True).options] == [17, 1]
+    captured = replace(given, compiled=True)
+    assert with_step_options(captured, NATIVE_BF16, demo_accuracy(), 3, True).options == ()

@@ -19,6 +19,8 @@ class DecodeStats:
     seconds: float = 0.0
     compile_seconds: float = 0.0  # of `seconds`, spent capturing steps (first calls of new shapes)
     accept_lengths: Counter = field(default_factory=Counter)
+    step_sizes: Counter = field(default_factory=Counter)  # tokens verified per step (1: a plain step) -> steps
+    switches: int = 0  # times the schedule changed its choice of step (probes not counted)
 
     @property
     def tokens_per_step(self) -> float:
@@ -39,6 +41,8 @@ class DecodeStats:
             "tokens_per_second": round(self.tokens_per_second, 3),
             "tokens_per_step": round(self.tokens_per_step, 4),
             "accept_lengths": {str(k): v for k, v in sorted(self.accept_lengths.items())},
+            "step_sizes": {str(k): v for k, v in sorted(self.step_sizes.items())},
+            "switches": self.switches,
         }
 
 

@@ -15,6 +15,7 @@ Acceptance rules:
 """
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,6 +33,7 @@ from inference.engine.forward import CacheSlot, StaticCache, check_supported, fo
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race, probabilities
+from inference.engine.step_schedule import AdaptiveSchedule, FixedSchedule
 from inference.engine.tree_buffers import TreeBuffers, build_tree_buffers
 from medusa_choices import DynamicTree, Tree, TreeError
 
@@ -203,6 +205,7 @@ class MedusaDecoder:
         self.attention = attention or attention_for(base_model.device)
         self.cache = CacheSlot(base_model)
         self.step = CapturedStep(self._step, base_model.device, compile, "Medusa", log)
+        self.plain_step = CapturedStep(self._plain_step, base_model.device, compile, "plain", log)
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._drafters: dict[tuple, FixedTreeDrafter | DynamicTreeDrafter] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
@@ -289,48 +292,79 @@ class MedusaDecoder:
                           start + count + 1)
         return packed, following
 
+    def _plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry,
+                    race: torch.Tensor | None) -> tuple[torch.Tensor, Carry]:
+        """A plain step on the Medusa cache (a schedule's fallback, exact like a tree step): the carried root is
+        written and the base model's next token is the next root."""
+        start = carry.length
+        one = torch.ones((1, 1), dtype=torch.bool, device=start.device)
+        hidden = forward(self.base_model, cache, carry.root, start, start, visible_mask(one, start, cache.capacity),
+                         self.attention)
+        token = choose_tokens(self.base_model.lm_head(hidden), sampling, race)
+        return token, Carry(token, hidden, _placeholder(hidden), start + 1)
+
+    def _run_step(self, tree: Tree | DynamicTree | None, drafter: FixedTreeDrafter | DynamicTreeDrafter | None,
+                  sampling: Sampling, acceptance: Acceptance, cache: StaticCache, carry: Carry, chain: Chain | None,
+                  race: torch.Tensor | None, stats: DecodeStats) -> tuple[list[int], Carry]:
+        """One step of `tree` (None: a plain step) and its new tokens, read in the step's one device-to-host
+        transfer (accepted length, the path's candidates, the path's predictions)."""
+        if tree is None:
+            token, carry = self.plain_step((cache.capacity, sampling), f"plain, capacity {cache.capacity}", stats,
+                                           sampling, cache, carry, race)
+            return token.tolist(), carry
+        key = (cache.capacity, repr(tree), sampling, acceptance)
+        kind = "dynamic " if isinstance(tree, DynamicTree) else ""
+        label = f"{drafter.tokens_per_step}-token {kind}tree, capacity {cache.capacity}"
+        packed, carry = self.step(key, label, stats, drafter, sampling, acceptance, cache, carry, chain, race)
+        packed = packed.tolist()
+        count, depth = packed[0], drafter.depth
+        return packed[1 : 1 + count] + [packed[1 + depth + count]], carry
+
     @torch.inference_mode()
     def decode(
-        self, request: DecodeRequest, tree: Tree | DynamicTree, acceptance: Acceptance = Acceptance(),
-        stats: DecodeStats | None = None,
+        self, request: DecodeRequest, tree: Tree | DynamicTree | FixedSchedule | AdaptiveSchedule,
+        acceptance: Acceptance = Acceptance(), stats: DecodeStats | None = None,
     ) -> Iterator[list[int]]:
-        """Yield each step's accepted tokens (1 to depth+1 of them) until EOS or max_new_tokens."""
+        """Yield each step's accepted tokens (1 to depth+1 of them) until EOS or max_new_tokens. `tree`: the tree of
+        every step, or a schedule that picks one (or a plain step) at each step and learns from its timing."""
         stats = stats if stats is not None else DecodeStats()
         model, sampling = self.base_model, request.sampling
         check_request(request, getattr(model.config, "max_position_embeddings", None))
         if acceptance.rule == "greedy" and not sampling.greedy:
             raise ValueError("greedy acceptance needs temperature 0 (use sample or typical acceptance to sample)")
-        drafter = self.drafter(tree)
-        size, depth = drafter.tokens_per_step, drafter.depth
+        schedule = tree if isinstance(tree, (FixedSchedule, AdaptiveSchedule)) else FixedSchedule(tree)
+        options = schedule.options
+        drafters = [None if o.tree is None else self.drafter(o.tree) for o in options]
         device, vocab = model.device, model.lm_head.weight.shape[0]
         # room for the last step's tree and for the KV keep's fixed depth + 1 entries (a lookup chain may be deeper)
-        cache = self.cache.get(len(request.input_ids) + request.max_new_tokens + max(size, depth + 1))
+        cache = self.cache.get(len(request.input_ids) + request.max_new_tokens
+                               + max(max(d.tokens_per_step, d.depth + 1) for d in drafters if d is not None))
         generator = request.generator(device)
         emitter = StepEmitter(request, stats)
-        lookup = tree.lookup if isinstance(tree, DynamicTree) else 0
-        context = ContextLookup(request.input_ids) if lookup else None
-
-        def chain_after(tokens: list[int]) -> Chain | None:
-            """The context-lookup chain after the text so far, which now ends with `tokens`."""
-            if context is None:
-                return None
-            context.extend(tokens)
-            return lookup_chain(context.guess(lookup), lookup, device)
+        lookups = [o.tree.lookup if isinstance(o.tree, DynamicTree) else 0 for o in options]
+        context = ContextLookup(request.input_ids) if any(lookups) else None
 
         hidden = prefill(model, cache, request.input_ids)
         root = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
-        carry = Carry(root, hidden, drafter.head_logits(root, hidden), torch.tensor([len(request.input_ids)], device=device))
+        carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
+        carried_for = None  # the drafter whose head logits the carry holds (None: a placeholder)
         tokens = emitter.emit(root.tolist())
-        key = (cache.capacity, repr(tree), sampling, acceptance)
-        label = f"{size}-token {'dynamic ' if isinstance(tree, DynamicTree) else ''}tree, capacity {cache.capacity}"
         while True:
             yield tokens
             if emitter.done:
                 return
-            race = exponential_race(size, vocab, sampling, generator, device)
-            packed, carry = self.step(key, label, stats, drafter, sampling, acceptance, cache, carry,
-                                      chain_after(tokens), race)
-            # The one device-to-host transfer: accepted length, the path's candidates, the path's predictions.
-            packed = packed.tolist()
-            accepted_count, path_candidates, path_predictions = packed[0], packed[1 : 1 + depth], packed[1 + depth :]
-            tokens = emitter.emit(path_candidates[:accepted_count] + [path_predictions[accepted_count]])
+            index = schedule.next(stats)
+            tree, drafter, lookup = options[index].tree, drafters[index], lookups[index]
+            started, compiling = time.perf_counter(), stats.compile_seconds
+            if context is not None:
+                context.extend(tokens)
+            if drafter is not None and drafter is not carried_for:  # the carried heads' logits are another's, or none
+                carry = carry._replace(head_logits=drafter.head_logits(carry.root, carry.hidden))
+            race = exponential_race(options[index].tokens, vocab, sampling, generator, device)
+            chain = lookup_chain(context.guess(lookup), lookup, device) if lookup else None
+            new, carry = self._run_step(tree, drafter, sampling, acceptance, cache, carry, chain, race, stats)
+            carried_for = drafter
+            if stats.compile_seconds == compiling:  # a step that compiled says nothing about what steps cost
+                schedule.observe(index, 1000 * (time.perf_counter() - started), len(new))
+            stats.step_sizes[options[index].tokens] += 1
+            tokens = emitter.emit(new)

@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -52,6 +52,7 @@ SPREAD = 0.4  # the most the rounds of one timing may disagree (interquartile ra
 # median and is let through, bursts in two show as 1.5 or more
 CHEAPER = 0.6  # a step timed below this fraction of a smaller one's cost (or of the plain step's) is noise: a
 # quiet EPYC times fp32 4-token steps at 0.72-0.77 of 3-token ones in every round (a kernel choice, not noise)
+CORRECTED = 1.5  # a profile off real steps by more than this says so when it is corrected
 BUSY = 0.2  # other processes' share of the machine's CPU time while calibrating above which it was busy
 clock = time.perf_counter  # the timer of every timed step (replaced by the tests)
 
@@ -64,6 +65,8 @@ class StepProfile:
     plain_ms: dict[torch.dtype, float]
     step_ms: dict[torch.dtype, dict[int, float]]
     hardware: str = ""
+    realised: dict[torch.dtype, list[int]] = field(default_factory=dict)  # sizes (1: plain) timed in real steps
+    path: Path | None = None  # where it is kept (None: it serves this run only)
 
     def tree_step_ms(self, dtype: torch.dtype, tokens: int) -> float:
         """ms of a `tokens`-token Medusa step: measured, or linear between (beyond) the nearest sizes."""
@@ -75,9 +78,26 @@ class StepProfile:
                 break
         return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
+    def cost_ms(self, dtype: torch.dtype, tokens: int) -> float:
+        """ms of a step of `tokens` tokens, 1 being the plain step."""
+        return self.plain_ms[dtype] if tokens == 1 else self.tree_step_ms(dtype, tokens)
+
     def to_dict(self) -> dict:
         return {"plain_ms": {dtype_name(d): ms for d, ms in self.plain_ms.items()},
-                "step_ms": {dtype_name(d): table for d, table in self.step_ms.items()}, "hardware": self.hardware}
+                "step_ms": {dtype_name(d): table for d, table in self.step_ms.items()}, "hardware": self.hardware,
+                "realised": {dtype_name(d): sizes for d, sizes in self.realised.items()}}
+
+    def corrected(self, dtype: torch.dtype, costs: dict[int, float]) -> "StepProfile":
+        """This profile with `dtype`'s costs as real steps timed them (`costs`: tokens per step -> ms, 1 for
+        plain); a size not timed moves with the nearest timed one."""
+        timed = {tokens: ms for tokens, ms in costs.items() if tokens > 1}
+        table = dict(self.step_ms[dtype])
+        for tokens, ms in table.items():
+            nearest = min(timed, key=lambda t: abs(t - tokens)) if timed else None
+            table[tokens] = round(timed.get(tokens, ms * timed[nearest] / self.tree_step_ms(dtype, nearest))
+                                  if nearest else ms, 3)
+        return replace(self, plain_ms=self.plain_ms | ({dtype: round(costs[1], 3)} if 1 in costs else {}),
+                       step_ms=self.step_ms | {dtype: table}, realised=self.realised | {dtype: sorted(costs)})
 
     @classmethod
     def from_dict(cls, data: dict, dtypes: list[torch.dtype] | None = None,
@@ -93,7 +113,8 @@ class StepProfile:
         if not all(math.isfinite(ms) and ms > 0 for ms in [*plain_ms.values()] + [ms for table in step_ms.values()
                                                                                for ms in table.values()]):
             raise ValueError("a calibration profile's timings must be finite positive numbers of ms")
-        return cls(plain_ms, step_ms, str(data.get("hardware", "")))
+        realised = {DTYPES[name]: [int(t) for t in sizes] for name, sizes in data.get("realised", {}).items()}
+        return cls(plain_ms, step_ms, str(data.get("hardware", "")), realised)
 
 
 def cpu_name() -> str:
@@ -344,7 +365,7 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
     path = profile_path(key)
     profile = read_profile(path, dtypes, sizes, log)
     if profile is not None:
-        return profile
+        return replace(profile, path=path)
     steps = f"the plain step and {len(sizes)} tree step sizes" if sizes else "the plain step"
     what = f"step costs for this machine and model ({', '.join(map(dtype_name, dtypes))}; {steps})"
     try:
@@ -357,14 +378,37 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
     with exclusive(path, on_wait=lambda: log(f"Waiting for another process that is calibrating {path} ...")):
         profile = read_profile(path, dtypes, sizes, lambda line: None)  # the other process's result, if any
         if profile is None:
-            log(f"Calibrating {what}; this happens once, the result is kept in {path}")
+            log(f"Calibrating {what}; once: a result it can trust is kept in {path}")
             profile, found = _measure(model, heads, dtypes, sizes)
             if found:
                 log(f"Not keeping this calibration, it serves this run only and the next run measures again: "
                     f"{'; '.join(found[:2])}{f' (and {len(found) - 2} more)' if len(found) > 2 else ''}")
             else:  # atomic: an interrupted calibration never leaves a half-written profile
                 write_atomic(path, json.dumps({"key": key, "profile": profile.to_dict()}, indent=1) + "\n")
+                profile = replace(profile, path=path)
+        else:
+            profile = replace(profile, path=path)
     return profile
+
+
+def write_correction(profile: StepProfile, dtype: torch.dtype, costs: dict[int, float], log=None) -> None:
+    """Keep `dtype`'s costs as real steps timed them in the profile's file, so the next process decides from
+    them (and skips timing them again); nothing where the profile is not kept."""
+    if profile.path is None:
+        return
+    log = log or to_stderr
+    corrected = profile.corrected(dtype, costs)
+    off = max(max(ms / profile.cost_ms(dtype, t), profile.cost_ms(dtype, t) / ms) for t, ms in costs.items())
+    try:
+        with exclusive(profile.path):
+            key = json.loads(profile.path.read_text())["key"]
+            write_atomic(profile.path, json.dumps({"key": key, "profile": corrected.to_dict()}, indent=1) + "\n")
+    except (OSError, ValueError, KeyError) as error:
+        log(f"not keeping the step costs timed in real steps: {error}")
+        return
+    if off > CORRECTED:
+        costs_text = ", ".join(f"{'plain' if t == 1 else f'{t}-token'} {ms:.1f} ms" for t, ms in sorted(costs.items()))
+        log(f"The calibration was up to {off:.1f}x off what real steps cost ({costs_text}); corrected in {profile.path}")
 
 
 def read_cached(path: Path, field: str, parse: Callable, log):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from inference.engine.step_schedule import StepOption
 from inference.runtime.calibration import GraphProfile, StepProfile
 from inference.runtime.devices import dtype_name
 from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
@@ -20,6 +21,7 @@ from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
 # overstated the measured speed-up by 5% on a CPU with native bf16 (1.61x expected, 1.54x measured) and by
 # 17% with bf16 limited to AVX2 kernels (1.19x expected, 1.02x measured).
 MIN_EXPECTED_SPEEDUP = 1.2
+LADDER = 3  # tree sizes a chosen tree competes with at every step (itself and the next best), besides plain
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class RuntimeChoice:
     expected_speedup: float | None = None
     compiled: bool = False  # Medusa's step (or the fallback's plain step) runs captured as one graph
     plain_compiled: bool = False  # plain decoding's step does
+    options: tuple[StepOption, ...] = ()  # what each step may run instead (the tree first); () : the tree only
+    profile: StepProfile | None = None  # the costs `options` were estimated from, corrected by real steps
 
     @classmethod
     def as_given(cls, dtype: torch.dtype, tree: Tree | DynamicTree) -> "RuntimeChoice":
@@ -136,3 +140,34 @@ def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: b
     return replace(choice, compiled=compiled, plain_compiled=plain_compiled, expected_speedup=round(speedup, 4),
                    reason=f"{choice.reason.split(': expected')[0]}: expected {speedup:.2f}x "
                           f"({choice.expected_tokens_per_step:.2f} tokens per {mode})")
+
+
+def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: list[list[float]] | None,
+                      num_heads: int, tree_given: bool) -> RuntimeChoice:
+    """`choice` with what its steps may run instead, checked against real steps while decoding: the plain step
+    and (a chosen tree) the next best sizes of its kind. Captured steps keep their one shape: each other shape
+    would be a compile."""
+    if choice.tree is None or choice.compiled or accuracy is None or choice.expected_tokens_per_step is None:
+        return choice
+    dtype, accuracy = choice.dtype, accuracy[:num_heads]
+    chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
+    others = []
+    if not tree_given:
+        for tokens in sorted(profile.step_ms[dtype]):
+            if tokens == choice.tree_tokens:
+                continue
+            nodes, expected = best_tree(accuracy, tokens - 1)
+            if isinstance(choice.tree, DynamicTree):
+                if not replace(choice.tree, nodes=tokens - 1).fits(num_heads):
+                    continue
+                nodes = replace(choice.tree, nodes=tokens - 1)
+            others.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
+        others = sorted(others, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)[: LADDER - 1]
+    plain = StepOption(None, 1.0, profile.plain_ms[dtype])
+    return replace(choice, options=(chosen, *others, plain), profile=profile)
+
+
+def costs_realised(choice: RuntimeChoice) -> bool:
+    """Whether every option's cost in the profile was timed in real steps (so they need no timing again)."""
+    realised = choice.profile.realised.get(choice.dtype, []) if choice.profile else []
+    return all(option.tokens in realised for option in choice.options)

@@ -1,0 +1,162 @@
+"""Which step runs next: the runtime's choice checked against what each step really costs and accepts.
+
+The runtime picks a tree from a calibration profile and the heads' measured accuracy, and either can be
+wrong for this run: a profile taken while the machine was busy, a load that came later, a context that grew,
+a request on which the heads accept more or less than on their evaluation set. The decoder times every step
+at its one device-to-host transfer anyway, so an `AdaptiveSchedule` keeps the realised cost of each option (a
+few tree sizes and the plain step) and the realised acceptance, and runs the option with the most tokens per ms:
+- an option's cost is the median of its last steps where it has run, else its profile cost scaled as the run
+  ones turned out;
+- a tree's tokens per step are the heads' expectation scaled by realised over expected accepted tokens;
+- every option runs a few steps once per process, unless the profile's costs already came from real steps,
+  and again whenever the running option's cost stays off by more than FACTOR; what they cost is handed to
+  `on_correction` (written back to the profile), so the next process starts from the truth;
+- while plain steps run, the best tree gets a step every RECHECK steps, so a passing load is noticed.
+Every option is an exact step, so the output never depends on the schedule.
+"""
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from inference.engine.decoding import DecodeStats
+from medusa_choices import DynamicTree, Tree
+
+WINDOW = 8  # steps of one option whose median is its realised cost
+PROBES = 4  # steps each option runs when costs are checked
+FACTOR = 1.5  # realised cost off the expected by more than this, for WINDOW steps: check every option again
+RECHECK = 32  # plain steps between two tree steps that check whether speculation pays again
+PRIOR = 8.0  # accepted tokens' worth of belief in the heads' expectation before realised acceptance counts
+DECAY = 0.97  # per tree step, so acceptance follows the request
+
+
+@dataclass(frozen=True)
+class StepOption:
+    """A step the schedule may run: a tree (None: a plain step), the tokens it is expected to emit per step and
+    what the profile says it costs."""
+
+    tree: Tree | DynamicTree | None
+    expected_tokens: float
+    profile_ms: float
+
+    @property
+    def tokens(self) -> int:
+        """Tokens verified per step (1: plain)."""
+        return 1 if self.tree is None else len(self.tree) + 1
+
+
+class FixedSchedule:
+    """The same tree at every step: one the caller fixed, or no costs to choose by."""
+
+    def __init__(self, tree: Tree | DynamicTree):
+        self.options = (StepOption(tree, 1.0, 1.0),)
+
+    def next(self, stats: DecodeStats) -> int:
+        return 0
+
+    def observe(self, index: int, ms: float, tokens: int) -> None:
+        """Nothing to learn: the tree is fixed."""
+
+
+class AdaptiveSchedule:
+    """Options[0] is the runtime's choice; the others (smaller and larger trees, the plain step) compete with it."""
+
+    def __init__(self, options: list[StepOption], costs_realised: bool = False,
+                 on_correction: Callable[[dict[int, float]], None] | None = None,
+                 log: Callable[[str], None] | None = None):
+        if not any(option.tree is None for option in options):
+            raise ValueError("an adaptive schedule needs the plain step among its options")
+        self.options = tuple(options)
+        self.on_correction, self.log = on_correction, log
+        self.basis = [option.profile_ms for option in options]  # the costs decisions were last checked against
+        self.recent = [deque(maxlen=WINDOW) for _ in options]
+        self.probes: deque[int] = deque() if costs_realised else self._probe_order()
+        self.accepted = self.expected = 0.0
+        self.decided: int | None = None
+        self.plain_run = 0
+
+    def _probe_order(self) -> deque[int]:
+        return deque(index for index in range(len(self.options)) for _ in range(PROBES))
+
+    def cost_ms(self, index: int) -> float:
+        if self.recent[index]:
+            return statistics.median(self.recent[index])
+        run = [i for i, recent in enumerate(self.recent) if recent]
+        scale = statistics.median(statistics.median(self.recent[i]) / self.basis[i] for i in run) if run else 1.0
+        return self.basis[index] * scale
+
+    def acceptance(self) -> float:
+        """Realised over expected accepted tokens, with PRIOR tokens of the heads' expectation."""
+        return (self.accepted + PRIOR) / (self.expected + PRIOR)
+
+    def tokens_per_ms(self, index: int) -> float:
+        option = self.options[index]
+        tokens = 1.0 if option.tree is None else 1 + self.acceptance() * (option.expected_tokens - 1)
+        return tokens / self.cost_ms(index)
+
+    def best(self, trees_only: bool = False) -> int:
+        indices = [i for i, o in enumerate(self.options) if o.tree is not None or not trees_only]
+        return max(indices, key=self.tokens_per_ms)
+
+    def next(self, stats: DecodeStats) -> int:
+        """The option to run now: a probe while costs are being checked, else the fastest by the estimates."""
+        if self.probes:
+            return self.probes[0]
+        index = self.best()
+        if self.options[index].tree is None:
+            self.plain_run += 1
+            if self.plain_run > RECHECK:
+                self.plain_run = 0
+                return self.best(trees_only=True)
+        if self.decided is not None and index != self.decided:
+            stats.switches += 1
+            if self.log and None in (self.options[index].tree, self.options[self.decided].tree):
+                self.log(self._switch_notice(index))
+        self.decided = index
+        if self.options[index].tree is not None:
+            self.plain_run = 0
+        return index
+
+    def _switch_notice(self, index: int) -> str:
+        tree = self.best(trees_only=True)
+        medusa = f"{self.tokens_per_ms(tree) * 1000:.1f} tok/s with {self.options[tree].tokens}-token steps"
+        plain = f"{self.tokens_per_ms(self.plain_index) * 1000:.1f} tok/s plain"
+        if self.options[index].tree is None:
+            return f"Switching to plain decoding: realised {medusa} against {plain}"
+        return f"Back to Medusa decoding: {medusa} against {plain}"
+
+    @property
+    def plain_index(self) -> int:
+        return next(i for i, o in enumerate(self.options) if o.tree is None)
+
+    def observe(self, index: int, ms: float, tokens: int) -> None:
+        """A step of option `index` took `ms` and emitted `tokens` (accepted + the base model's own)."""
+        option = self.options[index]
+        self.recent[index].append(ms)
+        if option.tree is not None:
+            self.accepted = DECAY * self.accepted + tokens - 1
+            self.expected = DECAY * self.expected + option.expected_tokens - 1
+        if self.probes:
+            if index == self.probes[0]:
+                self.probes.popleft()
+                if not self.probes:
+                    self._checked()
+            return
+        recent = self.recent[index]
+        if len(recent) == WINDOW:
+            ratio = statistics.median(recent) / self.basis[index]
+            if max(ratio, 1 / ratio) > FACTOR:
+                if self.log:
+                    self.log(f"{option.tokens}-token steps cost {statistics.median(recent):.1f} ms, {ratio:.2f}x what "
+                             f"was expected: timing each step size again for {PROBES} steps")
+                for recent_of_other in self.recent:
+                    recent_of_other.clear()
+                self.probes = self._probe_order()
+
+    def _checked(self) -> None:
+        """Every option has run PROBES steps: their medians become the basis, and the profile's correction."""
+        costs = {option.tokens: statistics.median(self.recent[i]) for i, option in enumerate(self.options)}
+        self.basis = [costs[option.tokens] for option in self.options]
+        if self.on_correction:
+            self.on_correction(costs)

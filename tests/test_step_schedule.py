@@ -1,0 +1,76 @@
+"""The schedule runs the option that real steps show fastest, whatever the profile said."""
+
+import pytest
+
+from inference.engine.decoding import DecodeStats
+from inference.engine.step_schedule import FACTOR, PROBES, RECHECK, AdaptiveSchedule, StepOption
+from medusa_choices import DynamicTree
+
+# What steps really cost here (ms) and the tokens each emits: the 9-token tree is fastest (3 tokens per 45 ms).
+TRUE_MS = {1: 30.0, 5: 40.0, 9: 45.0, 13: 55.0}
+TOKENS = {1: 1, 5: 2, 9: 3, 13: 3}
+
+
+def options(profile_ms: dict[int, float]) -> list[StepOption]:
+    return [StepOption(None if size == 1 else DynamicTree(size - 1), TOKENS[size], profile_ms[size])
+            for size in profile_ms]
+
+
+def run(schedule: AdaptiveSchedule, steps: int, true_ms=TRUE_MS, tokens=TOKENS) -> list[int]:
+    """The step sizes the schedule runs over `steps` steps of a machine whose costs are `true_ms`."""
+    stats, sizes = DecodeStats(), []
+    for _ in range(steps):
+        index = schedule.next(stats)
+        size = schedule.options[index].tokens
+        schedule.observe(index, true_ms[size], tokens[size])
+        sizes.append(size)
+    return sizes
+
+
+def test_a_fresh_schedule_times_every_option_then_runs_the_fastest_and_keeps_the_costs():
+    corrections = []
+    schedule = AdaptiveSchedule(options({13: 60.0, 5: 42.0, 9: 50.0, 1: 31.0}), on_correction=corrections.append)
+    sizes = run(schedule, 4 * PROBES + 20)
+    assert sizes[: 4 * PROBES] == [13] * PROBES + [5] * PROBES + [9] * PROBES + [1] * PROBES
+    assert set(sizes[4 * PROBES:]) == {9}
+    assert corrections == [TRUE_MS]
+
+
+@pytest.mark.parametrize("wrong", [10.0, 0.1])
+def test_a_profile_10x_off_is_corrected_within_a_few_dozen_steps(wrong):
+    """The profile claims real-step costs (no first timing), but every tree's cost is `wrong` times the truth."""
+    corrections = []
+    profile = {size: ms * (wrong if size > 1 else 1) for size, ms in TRUE_MS.items()}
+    schedule = AdaptiveSchedule(options(profile), costs_realised=True, on_correction=corrections.append)
+    sizes = run(schedule, 100)
+    settled = next(i for i in range(len(sizes)) if set(sizes[i:]) == {9})
+    assert settled <= 60 and corrections == [TRUE_MS]
+
+
+def test_a_cost_drifting_by_less_than_the_factor_is_not_timed_again():
+    schedule = AdaptiveSchedule(options(TRUE_MS), costs_realised=True)
+    drifted = {size: ms * FACTOR * 0.9 for size, ms in TRUE_MS.items()}
+    assert set(run(schedule, 50, drifted)) == {9}
+
+
+def test_speculation_that_stops_paying_switches_to_plain_and_a_recheck_brings_it_back(capsys):
+    notices = []
+    schedule = AdaptiveSchedule(options(TRUE_MS), costs_realised=True, log=notices.append)
+    nothing_accepted = {size: 1 for size in TOKENS}
+    stats = DecodeStats()
+    sizes = []
+    for tokens in (nothing_accepted, TOKENS):
+        for _ in range(4 * RECHECK):
+            index = schedule.next(stats)
+            size = schedule.options[index].tokens
+            schedule.observe(index, TRUE_MS[size], tokens[size])
+            sizes.append(size)
+    assert sizes[4 * RECHECK - RECHECK:4 * RECHECK].count(1) >= RECHECK - 1  # plain, but for one recheck
+    assert sizes[-RECHECK:] == [9] * RECHECK
+    assert stats.switches >= 2
+    assert notices[0].startswith("Switching to plain decoding") and any(n.startswith("Back to Medusa") for n in notices)
+
+
+def test_a_schedule_without_a_plain_step_is_refused():
+    with pytest.raises(ValueError, match="plain step"):
+        AdaptiveSchedule([StepOption(DynamicTree(8), 2.0, 40.0)])

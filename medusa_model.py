@@ -27,7 +27,7 @@ from inference.engine.plain_decoding import PlainDecoder
 from inference.engine.sampling import Sampling
 from inference.engine.step_schedule import AdaptiveSchedule
 from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
-from inference.runtime.calibration import graph_profile, model_in_dtype, step_profile, write_correction
+from inference.runtime.calibration import GraphProfile, graph_profile, model_in_dtype, step_profile, write_correction
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
 from inference.runtime.errors import to_stderr
@@ -36,8 +36,7 @@ from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.runtime.runtime_choice import (RuntimeChoice, choose_runtime, costs_realised, with_graph_mode,
-                                             with_step_options)
+from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime, with_graph_mode, with_step_options
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -130,28 +129,29 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
     tree is chosen from eager costs) and each side runs the faster way; plain decoding takes over where the
     faster plain step leaves an automatically chosen tree expected below the threshold."""
     if dtype is not None and tree is not None:
-        return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, log, compile)
+        return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, log, compile)[0]
     accuracy = heads.config.medusa_head_accuracy
     profile = step_profile(model, heads, None if dtype is None else [dtype], log)
     choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification)
-    choice = captured_where_faster(choice, model, heads, tree, log, compile)
-    return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None)
+    choice, graph = captured_where_faster(choice, model, heads, tree, log, compile)
+    return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None, graph=graph)
 
 
 def captured_where_faster(choice: RuntimeChoice, model: nn.Module, heads: MedusaHeads, tree: Tree | DynamicTree | None,
-                          log: Callable[[str], None], compile: str) -> RuntimeChoice:
-    """`choice` with each side captured as `compile` says (auto: where that was timed faster)."""
+                          log: Callable[[str], None], compile: str) -> tuple[RuntimeChoice, GraphProfile | None]:
+    """`choice` with each side captured as `compile` says (auto: where that was timed faster), and the eager
+    against captured timings that decided it (auto only)."""
     if compile != "off":
         use_compile_cache()
     if compile == "on":
-        return replace(choice, compiled=True, plain_compiled=True)
+        return replace(choice, compiled=True, plain_compiled=True), None
     if compile == "auto":
         medusa_model = model_in_dtype(model, choice.dtype)
         plain_model = model_in_dtype(model, choice.plain_dtype)
         timed_heads = copy.deepcopy(heads).to(device=model.device, dtype=choice.dtype)
         graph = graph_profile(medusa_model, plain_model, timed_heads, choice.tree, log)
-        return with_graph_mode(choice, graph, may_fall_back=tree is None)
-    return choice
+        return with_graph_mode(choice, graph, may_fall_back=tree is None), graph
+    return choice, None
 
 
 class MedusaModel(nn.Module):
@@ -175,8 +175,9 @@ class MedusaModel(nn.Module):
         self.decoder = MedusaDecoder(base_model, self.medusa_head, runtime.compiled, log=to_stderr)
         # each step's choice checked against what steps really cost here, for as long as this model lives
         self.schedule = AdaptiveSchedule(
-            list(runtime.options), costs_realised(runtime),
-            partial(write_correction, runtime.profile, runtime.dtype, log=to_stderr), to_stderr,
+            list(runtime.options), runtime.options_timed,
+            partial(write_correction, runtime.profile, runtime.dtype, log=to_stderr) if runtime.profile else None,
+            to_stderr,
         ) if runtime.options else None
         self.plain_decoder = PlainDecoder(base_model, runtime.plain_compiled, log=to_stderr)
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from inference.runtime.calibration import StepProfile
+from inference.runtime.calibration import GraphProfile, StepProfile
 from inference.runtime.runtime_choice import LADDER, MIN_EXPECTED_SPEEDUP, choose_runtime, with_step_options
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
@@ -157,8 +157,14 @@ def test_a_chosen_tree_competes_at_every_step_with_the_next_best_sizes_and_the_p
     assert plain.profile_ms == NATIVE_BF16.plain_ms[BF16] and first.expected_tokens == choice.expected_tokens_per_step
 
 
-def test_a_given_tree_competes_with_the_plain_step_only_and_a_captured_one_with_nothing():
+def test_a_given_or_captured_tree_competes_with_the_plain_step_only():
     given = choose_runtime(NATIVE_BF16, 3, demo_accuracy(), BF16, load_tree("tree_16"))
     assert [o.tokens for o in with_step_options(given, NATIVE_BF16, demo_accuracy(), 3, True).options] == [17, 1]
-    captured = replace(given, compiled=True)
-    assert with_step_options(captured, NATIVE_BF16, demo_accuracy(), 3, True).options == ()
+    chosen = choose_runtime(NATIVE_BF16, 3, demo_accuracy())
+    captured = replace(chosen, compiled=True)
+    graph = GraphProfile({"eager": 40.0, "captured": 20.0}, {"eager": 50.0, "captured": 30.0})
+    timed = with_step_options(captured, NATIVE_BF16, demo_accuracy(), 3, False, graph)
+    assert [(o.tokens, o.profile_ms) for o in timed.options] == [(chosen.tree_tokens, 30.0),
+                                                                  (1, NATIVE_BF16.plain_ms[BF16] / 2)]
+    assert timed.options_timed and timed.profile is None  # captured costs do not correct the eager profile
+    assert with_step_options(captured, NATIVE_BF16, demo_accuracy(), 3, False).options == ()  # nothing timed

@@ -35,7 +35,8 @@ class RuntimeChoice:
     compiled: bool = False  # Medusa's step (or the fallback's plain step) runs captured as one graph
     plain_compiled: bool = False  # plain decoding's step does
     options: tuple[StepOption, ...] = ()  # what each step may run instead (the tree first); () : the tree only
-    profile: StepProfile | None = None  # the costs `options` were estimated from, corrected by real steps
+    options_timed: bool = False  # their costs come from real steps or a timing of these very steps
+    profile: StepProfile | None = None  # the profile real steps correct (None: none is corrected)
 
     @classmethod
     def as_given(cls, dtype: torch.dtype, tree: Tree | DynamicTree) -> "RuntimeChoice":
@@ -143,13 +144,20 @@ def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: b
 
 
 def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: list[list[float]] | None,
-                      num_heads: int, tree_given: bool) -> RuntimeChoice:
+                      num_heads: int, tree_given: bool, graph: GraphProfile | None = None) -> RuntimeChoice:
     """`choice` with what its steps may run instead, checked against real steps while decoding: the plain step
-    and (a chosen tree) the next best sizes of its kind. Captured steps keep their one shape: each other shape
-    would be a compile."""
-    if choice.tree is None or choice.compiled or accuracy is None or choice.expected_tokens_per_step is None:
+    and (a chosen tree, eager) the next best sizes of its kind. A captured tree competes with the captured plain
+    step only, at the costs `graph` timed (each other size would be a compile; the eager profile is not
+    corrected from captured steps)."""
+    if choice.tree is None or accuracy is None or choice.expected_tokens_per_step is None:
         return choice
     dtype, accuracy = choice.dtype, accuracy[:num_heads]
+    if choice.compiled:
+        if graph is None or graph.step_ms is None:
+            return choice
+        captured_plain = profile.plain_ms[dtype] * graph.plain_ms["captured"] / graph.plain_ms["eager"]
+        return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step, graph.step_ms["captured"]),
+                                        StepOption(None, 1.0, captured_plain)), options_timed=True)
     chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
     others = []
     if not tree_given:
@@ -163,11 +171,7 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
                 nodes = replace(choice.tree, nodes=tokens - 1)
             others.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
         others = sorted(others, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)[: LADDER - 1]
-    plain = StepOption(None, 1.0, profile.plain_ms[dtype])
-    return replace(choice, options=(chosen, *others, plain), profile=profile)
-
-
-def costs_realised(choice: RuntimeChoice) -> bool:
-    """Whether every option's cost in the profile was timed in real steps (so they need no timing again)."""
-    realised = choice.profile.realised.get(choice.dtype, []) if choice.profile else []
-    return all(option.tokens in realised for option in choice.options)
+    options = (chosen, *others, StepOption(None, 1.0, profile.plain_ms[dtype]))
+    realised = profile.realised.get(dtype, [])
+    return replace(choice, options=options, profile=profile,
+                   options_timed=all(option.tokens in realised for option in options))

@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline_dtype", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
                         help="plain decoding's dtype: auto (every dtype of the device that fits, the fastest in this run "
                         "counts; --dtype's where that is given, which sets both sides) or bf16 | fp16 | fp32")
+    parser.add_argument("--schedule", choices=("adaptive", "fixed"), default="adaptive",
+                        help="adaptive (default): each Medusa step runs the tree size, or plain step, that real steps "
+                        "show fastest; fixed: the runtime's first choice at every step (to compare)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
     return parser.parse_args(argv)
@@ -224,6 +227,8 @@ def run(args: argparse.Namespace) -> dict:
     medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, resolve_device(args.device),
                                          parse_dtype(args.dtype), args.medusa_choices, args.compile)
     runtime, tokenizer = medusa.runtime, medusa.tokenizer
+    if args.schedule == "fixed":
+        medusa.schedule = None
     model = medusa.base_model
     device = model.device
     # Plain decoding in each of its dtypes (a copy where that differs from Medusa's), eager and captured; the
@@ -300,7 +305,8 @@ def run(args: argparse.Namespace) -> dict:
         "graph_mode": runtime.graph_mode,
         "compile_seconds": {name: round(compile_seconds[name], 1) for name in ["medusa", *plain_models]},
         "plain_tokens_per_second": {name: round(rate, 3) for name, rate in rates.items()},
-        "choice": runtime.reason, "heads": medusa.medusa_head.num_heads,
+        "choice": runtime.reason, "heads": medusa.medusa_head.num_heads, "schedule": args.schedule,
+        "step_options": [o.tokens for o in runtime.options] if args.schedule == "adaptive" else [],
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
     }
     results["rows"] = rows

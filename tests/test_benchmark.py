@@ -93,6 +93,13 @@ def test_by_default_medusa_at_its_choice_runs_against_the_fastest_plain_dtype_of
                            "--baseline_dtype", "fp32", "--compile", "off"]) == 0
     config = json.loads(out.read_text())["config"]
     assert (config["baseline_dtype"], config["medusa_dtype"]) == ("fp32", "fp32")
+    assert config["step_options"][0] == config["tree_tokens"] and config["step_options"][-1] == 1
+    # the runtime's first choice at every step, to compare with the schedule's
+    assert benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"), "--prompts",
+                           str(prompts), "--max_new_tokens", "8", "--runs", "1", "--ignore_eos", "--out", str(out),
+                           "--compile", "off", "--schedule", "fixed"]) == 0
+    results = json.loads(out.read_text())
+    assert list(results["step_sizes"]) == [str(results["config"]["tree_tokens"])] and results["switches"] == 0
 
 
 def test_the_baseline_is_the_plain_dtype_fastest_over_all_prompts_together():

@@ -15,7 +15,6 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.engine.medusa_decoding import Acceptance, MedusaDecoder, default_rule
 from inference.engine.plain_decoding import PlainDecoder
 from inference.engine.sampling import Sampling
-from inference.engine.step_schedule import AdaptiveSchedule
+from inference.engine.step_schedule import AdaptiveSchedule, StepOption
 from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
 from inference.runtime.calibration import GraphProfile, graph_profile, model_in_dtype, step_profile, write_correction
 from inference.runtime.demo_model import DEMO_NAME
@@ -36,7 +35,8 @@ from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.runtime.runtime_choice import RuntimeChoice, choose_runtime, with_graph_mode, with_step_options
+from inference.runtime.runtime_choice import (RuntimeChoice, choose_runtime, redecided, with_graph_mode,
+                                             with_step_options)
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -174,16 +174,22 @@ class MedusaModel(nn.Module):
         self.tree = runtime.tree
         self.decoder = MedusaDecoder(base_model, self.medusa_head, runtime.compiled, log=to_stderr)
         # each step's choice checked against what steps really cost here, for as long as this model lives
-        self.schedule = AdaptiveSchedule(
-            list(runtime.options), runtime.options_timed,
-            partial(write_correction, runtime.profile, runtime.dtype, log=to_stderr) if runtime.profile else None,
-            to_stderr,
-        ) if runtime.options else None
+        self.schedule = AdaptiveSchedule(list(runtime.options), runtime.options_timed,
+                                         self._corrected if runtime.profile else None, to_stderr) \
+            if runtime.options else None
         self.plain_decoder = PlainDecoder(base_model, runtime.plain_compiled, log=to_stderr)
 
     @property
     def config(self):
         return self.base_model.config
+
+    def _corrected(self, costs: dict[int, float]) -> list[StepOption]:
+        """Real steps timed `costs` (tokens per step -> ms): the profile corrected (and kept), the choice decided
+        again from it; its options run from the next request."""
+        profile = write_correction(self.runtime.profile, self.runtime.dtype, costs, log=to_stderr)
+        self.runtime = redecided(self.runtime, profile, self.medusa_head.num_heads,
+                                 self.medusa_head.config.medusa_head_accuracy)
+        return list(self.runtime.options)
 
     @classmethod
     def untrained(cls, base_model: nn.Module, num_heads: int = 4, num_layers: int = 1,

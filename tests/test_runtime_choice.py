@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.runtime.calibration import GraphProfile, StepProfile
-from inference.runtime.runtime_choice import LADDER, MIN_EXPECTED_SPEEDUP, choose_runtime, with_step_options
+from inference.runtime.runtime_choice import LADDER, MIN_EXPECTED_SPEEDUP, choose_runtime, redecided, with_step_options
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
@@ -168,3 +168,16 @@ def test_a_given_or_captured_tree_competes_with_the_plain_step_only():
                                                                   (1, NATIVE_BF16.plain_ms[BF16] / 2)]
     assert timed.options_timed and timed.profile is None  # captured costs do not correct the eager profile
     assert with_step_options(captured, NATIVE_BF16, demo_accuracy(), 3, False).options == ()  # nothing timed
+
+
+def test_a_choice_from_a_wrong_profile_is_decided_again_as_from_the_right_one_once_corrected():
+    right = choose_runtime(NATIVE_BF16, 5, demo_accuracy(), BF16, dynamic=True)
+    smallest = min(SIZES)
+    wrong = StepProfile({BF16: NATIVE_BF16.plain_ms[BF16] * 17},
+                        {BF16: {t: ms * (1 if t == smallest else 51) for t, ms in NATIVE_BF16.step_ms[BF16].items()}})
+    misled = with_step_options(choose_runtime(wrong, 5, demo_accuracy(), BF16, dynamic=True), wrong, demo_accuracy(),
+                               5, tree_given=False)
+    assert misled.tree_tokens == smallest != right.tree_tokens
+    timed = {o.tokens: NATIVE_BF16.cost_ms(BF16, o.tokens) for o in misled.options}
+    again = redecided(misled, wrong.corrected(BF16, timed), 5, demo_accuracy())
+    assert again.tree == right.tree and again.options[0].tree == right.tree

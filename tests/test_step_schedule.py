@@ -74,3 +74,13 @@ def test_speculation_that_stops_paying_switches_to_plain_and_a_recheck_brings_it
 def test_a_schedule_without_a_plain_step_is_refused():
     with pytest.raises(ValueError, match="plain step"):
         AdaptiveSchedule([StepOption(DynamicTree(8), 2.0, 40.0)])
+
+
+def test_options_redecided_from_a_correction_run_from_the_next_request_probing_only_new_sizes():
+    wider = options({9: 45.0, 13: 55.0, 5: 40.0, 1: 30.0})
+    schedule = AdaptiveSchedule(options({5: 400.0, 1: 30.0}), on_correction=lambda costs: wider)
+    run(schedule, 2 * PROBES + 5)
+    assert [o.tokens for o in schedule.options] == [5, 1]  # the request under way keeps its options
+    assert [o.tokens for o in schedule.begin()] == [9, 13, 5, 1]
+    sizes = run(schedule, 2 * PROBES + 10)
+    assert sizes[: 2 * PROBES] == [9] * PROBES + [13] * PROBES and set(sizes[2 * PROBES:]) == {9}

@@ -333,7 +333,7 @@ class MedusaDecoder:
         if acceptance.rule == "greedy" and not sampling.greedy:
             raise ValueError("greedy acceptance needs temperature 0 (use sample or typical acceptance to sample)")
         schedule = tree if isinstance(tree, (FixedSchedule, AdaptiveSchedule)) else FixedSchedule(tree)
-        options = schedule.options
+        options = schedule.begin()
         drafters = [None if o.tree is None else self.drafter(o.tree) for o in options]
         device, vocab = model.device, model.lm_head.weight.shape[0]
         # room for the last step's tree and for the KV keep's fixed depth + 1 entries (a lookup chain may be deeper)

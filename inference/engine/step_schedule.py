@@ -10,7 +10,8 @@ few tree sizes and the plain step) and the realised acceptance, and runs the opt
 - a tree's tokens per step are the heads' expectation scaled by realised over expected accepted tokens;
 - every option runs a few steps once per process, unless the profile's costs already came from real steps,
   and again whenever the running option's cost stays off by more than FACTOR; what they cost is handed to
-  `on_correction` (written back to the profile), so the next process starts from the truth;
+  `on_correction`, which writes it back to the profile (the next process starts from the truth) and may return
+  the options re-decided from it, which the next request runs;
 - while plain steps run, the best tree gets a step every RECHECK steps, so a passing load is noticed.
 Every option is an exact step, so the output never depends on the schedule.
 """
@@ -52,6 +53,9 @@ class FixedSchedule:
     def __init__(self, tree: Tree | DynamicTree):
         self.options = (StepOption(tree, 1.0, 1.0),)
 
+    def begin(self) -> tuple[StepOption, ...]:
+        return self.options
+
     def next(self, stats: DecodeStats) -> int:
         return 0
 
@@ -63,21 +67,38 @@ class AdaptiveSchedule:
     """Options[0] is the runtime's choice; the others (smaller and larger trees, the plain step) compete with it."""
 
     def __init__(self, options: list[StepOption], costs_realised: bool = False,
-                 on_correction: Callable[[dict[int, float]], None] | None = None,
+                 on_correction: Callable[[dict[int, float]], list[StepOption] | None] | None = None,
                  log: Callable[[str], None] | None = None):
+        self.on_correction, self.log = on_correction, log
+        self.accepted = self.expected = 0.0
+        self.pending: list[StepOption] | None = None
+        self._install(options, {})
+        if costs_realised:
+            self.probes.clear()
+
+    def _install(self, options: list[StepOption], costs: dict[int, float]) -> None:
+        """Run `options` from now on; those whose size has a cost timed in real steps (`costs`) start from it,
+        the others are probed."""
         if not any(option.tree is None for option in options):
             raise ValueError("an adaptive schedule needs the plain step among its options")
         self.options = tuple(options)
-        self.on_correction, self.log = on_correction, log
-        self.basis = [option.profile_ms for option in options]  # the costs decisions were last checked against
-        self.recent = [deque(maxlen=WINDOW) for _ in options]
-        self.probes: deque[int] = deque() if costs_realised else self._probe_order()
-        self.accepted = self.expected = 0.0
+        self.basis = [costs.get(o.tokens, o.profile_ms) for o in options]  # the costs decisions are checked against
+        self.recent = [deque([costs[o.tokens]] if o.tokens in costs else [], maxlen=WINDOW) for o in options]
+        self.probes: deque[int] = deque(i for i, o in enumerate(options) if o.tokens not in costs for _ in range(PROBES))
         self.decided: int | None = None
         self.plain_run = 0
 
     def _probe_order(self) -> deque[int]:
         return deque(index for index in range(len(self.options)) for _ in range(PROBES))
+
+    def begin(self) -> tuple[StepOption, ...]:
+        """The options of a request about to start: those a correction re-decided, from the first request after it
+        (a request keeps the options it started with, so its cache fits every step)."""
+        if self.pending is not None:
+            costs = {o.tokens: statistics.median(r) for o, r in zip(self.options, self.recent) if r}
+            self._install(self.pending, costs)
+            self.pending = None
+        return self.options
 
     def cost_ms(self, index: int) -> float:
         if self.recent[index]:
@@ -159,4 +180,4 @@ class AdaptiveSchedule:
         costs = {option.tokens: statistics.median(self.recent[i]) for i, option in enumerate(self.options)}
         self.basis = [costs[option.tokens] for option in self.options]
         if self.on_correction:
-            self.on_correction(costs)
+            self.pending = self.on_correction(costs)

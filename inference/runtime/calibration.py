@@ -97,7 +97,8 @@ class StepProfile:
             table[tokens] = round(timed.get(tokens, ms * timed[nearest] / self.tree_step_ms(dtype, nearest))
                                   if nearest else ms, 3)
         return replace(self, plain_ms=self.plain_ms | ({dtype: round(costs[1], 3)} if 1 in costs else {}),
-                       step_ms=self.step_ms | {dtype: table}, realised=self.realised | {dtype: sorted(costs)})
+                       step_ms=self.step_ms | {dtype: table},
+                       realised=self.realised | {dtype: sorted(set(self.realised.get(dtype, [])) | set(costs))})
 
     @classmethod
     def from_dict(cls, data: dict, dtypes: list[torch.dtype] | None = None,
@@ -391,13 +392,13 @@ def step_profile(model, heads, dtypes: list[torch.dtype] | None = None, log=None
     return profile
 
 
-def write_correction(profile: StepProfile, dtype: torch.dtype, costs: dict[int, float], log=None) -> None:
-    """Keep `dtype`'s costs as real steps timed them in the profile's file, so the next process decides from
-    them (and skips timing them again); nothing where the profile is not kept."""
-    if profile.path is None:
-        return
-    log = log or to_stderr
+def write_correction(profile: StepProfile, dtype: torch.dtype, costs: dict[int, float], log=None) -> StepProfile:
+    """`profile` corrected by `dtype`'s costs as real steps timed them, also in its file (where it is kept), so
+    the next process decides from them and skips timing them again."""
     corrected = profile.corrected(dtype, costs)
+    if profile.path is None:
+        return corrected
+    log = log or to_stderr
     off = max(max(ms / profile.cost_ms(dtype, t), profile.cost_ms(dtype, t) / ms) for t, ms in costs.items())
     try:
         with exclusive(profile.path):
@@ -405,10 +406,11 @@ def write_correction(profile: StepProfile, dtype: torch.dtype, costs: dict[int, 
             write_atomic(profile.path, json.dumps({"key": key, "profile": corrected.to_dict()}, indent=1) + "\n")
     except (OSError, ValueError, KeyError) as error:
         log(f"not keeping the step costs timed in real steps: {error}")
-        return
+        return corrected
     if off > CORRECTED:
         costs_text = ", ".join(f"{'plain' if t == 1 else f'{t}-token'} {ms:.1f} ms" for t, ms in sorted(costs.items()))
         log(f"The calibration was up to {off:.1f}x off what real steps cost ({costs_text}); corrected in {profile.path}")
+    return corrected
 
 
 def read_cached(path: Path, field: str, parse: Callable, log):

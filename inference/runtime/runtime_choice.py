@@ -36,6 +36,7 @@ class RuntimeChoice:
     plain_compiled: bool = False  # plain decoding's step does
     options: tuple[StepOption, ...] = ()  # what each step may run instead (the tree first); () : the tree only
     options_timed: bool = False  # their costs come from real steps or a timing of these very steps
+    tree_given: bool = False  # the caller fixed the tree: corrections re-decide its competitors, not it
     profile: StepProfile | None = None  # the profile real steps correct (None: none is corrected)
 
     @classmethod
@@ -173,5 +174,16 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
         others = sorted(others, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)[: LADDER - 1]
     options = (chosen, *others, StepOption(None, 1.0, profile.plain_ms[dtype]))
     realised = profile.realised.get(dtype, [])
-    return replace(choice, options=options, profile=profile,
+    return replace(choice, options=options, profile=profile, tree_given=tree_given,
                    options_timed=all(option.tokens in realised for option in options))
+
+
+def redecided(choice: RuntimeChoice, profile: StepProfile, num_heads: int,
+              accuracy: list[list[float]]) -> RuntimeChoice:
+    """`choice` decided again, in its dtype, from `profile` (corrected by real steps); a fallback to plain decoding
+    keeps the trees it had among the options, which its plain step competes with already."""
+    tree = choice.tree if choice.tree_given else None
+    again = choose_runtime(profile, num_heads, accuracy, choice.dtype, tree, dynamic=isinstance(choice.tree, DynamicTree))
+    if again.tree is None:
+        return replace(choice, profile=profile)
+    return with_step_options(again, profile, accuracy, num_heads, choice.tree_given)

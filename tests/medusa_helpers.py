@@ -90,5 +90,5 @@ class ScriptedSchedule(FixedSchedule):
         self.options = tuple(StepOption(tree, 1.0, 1.0) for tree in trees)
         self.order = random.Random(seed)
 
-    def next(self, stats) -> int:
+    def next(self, stats, expected=None) -> int:
         return self.order.randrange(len(self.options))

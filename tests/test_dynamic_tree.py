@@ -1,9 +1,11 @@
 """Dynamic trees: each step verifies the most likely of the heads' candidates, as a prefix-closed tree."""
 
+import math
+
 import pytest
 import torch
 
-from inference.engine.dynamic_tree import draft_dynamic_tree, lookup_chain
+from inference.engine.dynamic_tree import draft_dynamic_tree, expected_tokens, lookup_chain
 from inference.engine.medusa_decoding import MedusaDecoder
 from medusa_choices import DEFAULT_LOOKUP, DynamicTree, TreeError, load_tree
 from medusa_helpers import random_heads, upper_half_vocab
@@ -105,3 +107,8 @@ def test_drafted_trees_are_prefix_closed_and_no_two_siblings_share_a_token(tiny_
         assert len(set(node_paths)) == len(node_paths)  # siblings differ, so no two nodes have one token path
         if sure:
             assert all((5, *chain[: k + 1]) in node_paths for k in range(5))
+
+
+def test_a_step_is_expected_to_emit_one_token_plus_its_likeliest_candidates_probabilities():
+    assert expected_tokens([0.9, 0.5, 0.1], [math.log(0.8), math.log(0.6)], 3) == pytest.approx(1 + 0.9 + 0.8 + 0.6)
+    assert expected_tokens([0.9, 0.5, 0.1], [], 2) == pytest.approx(2.4)

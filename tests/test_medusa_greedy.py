@@ -76,6 +76,25 @@ def test_switching_between_tree_sizes_and_plain_steps_mid_generation_keeps_hf_gr
     assert set(stats.step_sizes) == {1, 5, 17, 64} and stats.accept_lengths.total() == stats.steps
 
 
+def test_each_dynamic_step_brings_back_the_probabilities_the_next_step_is_sized_by(tiny, tiny_fitted_heads):
+    model, prompts, references = tiny
+    seen = []  # (what the schedule was told each step would emit per option, the option it ran)
+
+    class Recording(ScriptedSchedule):
+        def next(self, stats, expected=None):
+            seen.append((expected, super().next(stats, expected)))
+            return seen[-1][1]
+
+    schedule = Recording([load_tree("dynamic:16"), None, load_tree("dynamic:4")])
+    steps = MedusaDecoder(model, tiny_fitted_heads).decode(DecodeRequest(prompts[0], NEW_TOKENS), schedule)
+    assert [t for step in steps for t in step] == references[0]
+    after = [(seen[i][0], seen[i - 1][1]) for i in range(1, len(seen))]
+    assert seen[0][0] is None and all(expected is None for expected, ran in after if ran == 1)
+    estimates = [expected for expected, ran in after if ran != 1]
+    assert estimates and all(e[1] is None and 1 <= e[2] <= e[0] <= 17 for e in estimates)
+    assert sum(e[0] for e in estimates) / len(estimates) > 3  # fitted heads are confident
+
+
 def test_next_token_heads_read_the_token_the_base_model_just_chose(tiny):
     model, prompts, references = tiny
     heads = random_heads(model, head_input="hidden_and_next_token")

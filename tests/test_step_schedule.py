@@ -84,3 +84,24 @@ def test_options_redecided_from_a_correction_run_from_the_next_request_probing_o
     assert [o.tokens for o in schedule.begin()] == [9, 13, 5, 1]
     sizes = run(schedule, 2 * PROBES + 10)
     assert sizes[: 2 * PROBES] == [9] * PROBES + [13] * PROBES and set(sizes[2 * PROBES:]) == {9}
+
+
+def test_each_step_runs_the_size_its_own_candidates_make_fastest():
+    schedule = AdaptiveSchedule(options(TRUE_MS), costs_realised=True)
+    stats = DecodeStats()
+    confident = [None if o.tree is None else {5: 4.0, 9: 7.0, 13: 10.0}[o.tokens] for o in schedule.options]
+    unsure = [None if o.tree is None else {5: 1.2, 9: 1.3, 13: 1.35}[o.tokens] for o in schedule.options]
+    assert schedule.options[schedule.next(stats, confident)].tokens == 13
+    assert schedule.options[schedule.next(stats, unsure)].tokens == 1
+    assert schedule.options[schedule.next(stats)].tokens == 9  # no candidates: the heads' measured accuracy
+
+
+def test_acceptance_below_the_candidates_word_discounts_their_estimates_only():
+    schedule = AdaptiveSchedule(options(TRUE_MS), costs_realised=True)
+    stats = DecodeStats()
+    promising = [None if o.tree is None else 2.0 * o.tokens / 5 for o in schedule.options]
+    for _ in range(40):  # the candidates promise 2-5 tokens a step; 1 is accepted
+        index = schedule.next(stats, promising)
+        schedule.observe(index, TRUE_MS[schedule.options[index].tokens], 1)
+    assert schedule.acceptance(per_step=True) < 0.3 and schedule.acceptance(per_step=False) == 1.0
+    assert schedule.options[schedule.next(stats, promising)].tokens == 1

@@ -9,6 +9,7 @@ without a search. Every shape is fixed by the tree's parameters, so drafting add
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -94,14 +95,21 @@ def _merge_chain(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tens
     return torch.cat([scores, chain_scores]), chain_parents
 
 
-def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
-                       root: torch.Tensor, tree: DynamicTree, depth: int,
-                       chain: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> Draft:
-    """The `tree.nodes` most likely continuations of `root` [1] at the position whose hidden state is
-    `hidden` [1, H], drafted `depth` levels deep by the heads (one level per head) and, when `guess` holds
-    context-lookup tokens and their chain's log-scores, up to `tree.lookup` deep along that chain below
-    the root, as a `Draft` of `tree.nodes + 1` nodes. `chain` is that guess as `lookup_chain` lays it out
-    (None: no guess)."""
+class Candidates(NamedTuple):
+    """Every node the heads scored for one step, before the lookup chain joins and the best are chosen: tokens,
+    scores (log-probability of the path), parent candidate ids (-1: the root) and depths, [C] each. The shapes
+    depend on `top_k`, `expand` and the heads only, so one scoring serves a tree of any node count."""
+
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+
+
+def score_candidates(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
+                     root: torch.Tensor, tree: DynamicTree) -> Candidates:
+    """The heads' candidates below `root` [1] at the position whose hidden state is `hidden` [1, H], one level per
+    head: `top_k` children of each of the `expand` likeliest nodes of the level above."""
     device = hidden.device
     head_depth = heads.num_heads
     paths = root.view(1, 1)  # token paths (root first) of the nodes expanded at this level
@@ -125,7 +133,17 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
             paths = torch.cat([paths.index_select(0, keep // tree.top_k), level_tokens[keep].unsqueeze(1)], dim=1)
             path_scores, path_ids = level_scores[keep], scored + keep
         scored += level_scores.shape[0]
-    tokens, scores, parents, depths = map(torch.cat, (tokens, scores, parents, depths))
+    return Candidates(*map(torch.cat, (tokens, scores, parents, depths)))
+
+
+def select_nodes(candidates: Candidates, root: torch.Tensor, tree: DynamicTree, head_depth: int, depth: int,
+                 chain: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> Draft:
+    """The `tree.nodes` likeliest of the heads' `candidates` below `root` [1] and (with `tree.lookup`) the lookup
+    `chain` as `lookup_chain` lays it out (None: no guess), `depth` levels at most, as a `Draft` of
+    `tree.nodes + 1` nodes."""
+    device = root.device
+    tokens, scores, parents, depths = candidates
+    scored = tokens.shape[0]
     if tree.lookup:
         chain_tokens, chain_scores, chain_depths = chain or lookup_chain(([], []), tree.lookup, device)
         scores, chain_parents = _merge_chain(tokens, scores, parents, head_depth, chain_tokens, chain_scores,
@@ -144,3 +162,24 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
     depth_of = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depths[chosen]])
     node_paths, mask = _paths_and_mask(parent, depth_of, depth)
     return Draft(torch.cat([root.view(1), tokens[chosen]]), depth_of.unsqueeze(0), node_paths, mask)
+
+
+def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
+                       root: torch.Tensor, tree: DynamicTree, depth: int,
+                       chain: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> Draft:
+    """The `tree.nodes` most likely continuations of `root` [1] at the position whose hidden state is
+    `hidden` [1, H], drafted `depth` levels deep by the heads (one level per head) and, when `chain` holds
+    context-lookup tokens (as `lookup_chain` lays them out), up to `tree.lookup` deep along that chain below
+    the root, as a `Draft` of `tree.nodes + 1` nodes."""
+    candidates = score_candidates(heads, embeddings, lm_head, hidden, root, tree)
+    return select_nodes(candidates, root, tree, heads.num_heads, depth, chain)
+
+
+def expected_tokens(head_probabilities: list[float], chain_log_scores: list[float], nodes: int) -> float:
+    """Tokens a step of `nodes` nodes is expected to emit: 1 + the probabilities of the `nodes` likeliest
+    candidates, the heads' (sorted, descending) and the lookup chain's together, each node being accepted with
+    its path's probability. A chain token the heads also proposed counts twice, an overestimate that the
+    schedule's realised acceptance corrects."""
+    chain = sorted((math.exp(score) for score in chain_log_scores), reverse=True)
+    merged = sorted(head_probabilities[:nodes] + chain[:nodes], reverse=True)
+    return 1 + sum(merged[:nodes])

@@ -28,7 +28,7 @@ from inference.engine.context_lookup import ContextLookup
 from inference.engine.cpu_linear import use_packed_bf16_linears
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.engine.draft import Draft
-from inference.engine.dynamic_tree import draft_dynamic_tree, lookup_chain
+from inference.engine.dynamic_tree import Candidates, expected_tokens, lookup_chain, score_candidates, select_nodes
 from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
@@ -44,13 +44,17 @@ Chain = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a context-lookup gues
 
 class Carry(NamedTuple):
     """What one step hands the next on the device: the next root token [1], the hidden state [1, H] of the
-    position it follows, the heads' logits there [depth, V'] (drafters that take them from the verification;
-    else a placeholder) and the valid cache length [1]."""
+    position it follows, what the drafter drafts the next tree from (`drafted`: the heads' logits there
+    [depth, V'] for fixed trees that take them from the verification, the heads' candidates there for dynamic
+    trees, else a placeholder) and the valid cache length [1]."""
 
     root: torch.Tensor
     hidden: torch.Tensor
-    head_logits: torch.Tensor
+    drafted: torch.Tensor | Candidates
     length: torch.Tensor
+
+
+NOTHING_CARRIED = "nothing"  # the `carry_kind` of a carry whose `drafted` is a placeholder
 
 
 @dataclass(frozen=True)
@@ -133,15 +137,26 @@ class FixedTreeDrafter:
         embeds = self.heads.token_embeds(self.embeddings, root.view(1, 1))
         return self.heads(hidden, self.lm_head, num_heads=self.depth, token_embeds=embeds)[:, 0]
 
-    def head_logits(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """What the first step drafts from when later ones take the heads' logits from the verification
-        (else a placeholder)."""
+    @property
+    def carry_kind(self) -> tuple | str:
+        """What `drafted` holds between its steps: the heads' logits of its depth, or nothing."""
+        return NOTHING_CARRIED if self.propose_after_verification else ("head logits", self.depth)
+
+    def carried(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """What a step drafts from where the step before it carried something else (the first, or after a switch):
+        the heads' logits, or a placeholder."""
         return _placeholder(hidden) if self.propose_after_verification else self._logits_of_heads(root, hidden)
+
+    def carry_after(self, carry: Carry, all_head_logits: torch.Tensor | None, node: torch.Tensor, root: torch.Tensor,
+                    hidden: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """What the next step drafts from: the heads' logits at the accepted `node`, computed in the verification."""
+        drafted = carry.drafted if all_head_logits is None else all_head_logits.index_select(1, node)[:, 0]
+        return drafted, None
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
         if self.propose_after_verification:
             return self.from_hidden(carry.root, carry.hidden)
-        return self.from_head_logits(carry.root, carry.head_logits)
+        return self.from_head_logits(carry.root, carry.drafted)
 
     def from_head_logits(self, root: torch.Tensor, head_logits: torch.Tensor) -> Draft:
         """The step from the heads' logits [depth, V'] at the accepted position, computed in the verification."""
@@ -183,14 +198,27 @@ class DynamicTreeDrafter:
     def tokens_per_step(self) -> int:
         return self.tree.nodes + 1
 
-    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
-        return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, chain)
+    @property
+    def carry_kind(self) -> tuple:
+        """The heads' candidates, which serve a dynamic tree of any node count with the same top_k and expand."""
+        return ("candidates", self.tree.top_k, self.tree.expand)
 
-    def head_logits(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return _placeholder(hidden)  # dynamic trees draft from the hidden state
+    def carried(self, root: torch.Tensor, hidden: torch.Tensor) -> Candidates:
+        return score_candidates(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree)
+
+    def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
+        """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]."""
+        return select_nodes(self.carried(root, hidden), root, self.tree, self.heads.num_heads, self.depth, chain)
+
+    def carry_after(self, carry: Carry, all_head_logits: None, node: torch.Tensor, root: torch.Tensor,
+                    hidden: torch.Tensor) -> tuple[Candidates, torch.Tensor]:
+        """The next step's candidates, scored now, and their probabilities, highest first: the host reads them in
+        this step's one transfer and chooses the next step's size from them."""
+        candidates = self.carried(root, hidden)
+        return candidates, candidates.scores.exp().sort(descending=True).values
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
-        return self.from_hidden(carry.root, carry.hidden, chain)
+        return select_nodes(carry.drafted, carry.root, self.tree, self.heads.num_heads, self.depth, chain)
 
 
 class MedusaDecoder:
@@ -200,6 +228,8 @@ class MedusaDecoder:
     def __init__(self, base_model: PreTrainedModel, heads: nn.Module, compile: bool = False,
                  attention: Callable | None = None, log: Callable[[str], None] | None = None):
         check_supported(base_model)
+        if base_model.lm_head.weight.shape[0] > 2**24:  # a step's transfer carries ids as float32 beside probabilities
+            raise ValueError("vocabularies above 2**24 tokens are not supported")
         self.base_model = base_model
         self.heads = use_packed_bf16_linears(heads)
         self.attention = attention or attention_for(base_model.device)
@@ -286,11 +316,12 @@ class MedusaDecoder:
         path = step.paths.index_select(0, best)[0]  # [depth+1], -1 padded
         cache.keep(start, path.clamp(min=0))
         node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
-        head_logits = carry.head_logits if all_head_logits is None else all_head_logits.index_select(1, node)[:, 0]
+        root, hidden = predictions.index_select(0, node), node_hidden.index_select(0, node)
+        drafted, probabilities = drafter.carry_after(carry, all_head_logits, node, root, hidden)
         packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]])
-        following = Carry(predictions.index_select(0, node), node_hidden.index_select(0, node), head_logits,
-                          start + count + 1)
-        return packed, following
+        if probabilities is not None:  # token ids are exact in float32 (the vocabulary is below 2**24)
+            packed = torch.cat([packed.float(), probabilities])
+        return packed, Carry(root, hidden, drafted, start + count + 1)
 
     def _plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry,
                     race: torch.Tensor | None) -> tuple[torch.Tensor, Carry]:
@@ -305,20 +336,22 @@ class MedusaDecoder:
 
     def _run_step(self, tree: Tree | DynamicTree | None, drafter: FixedTreeDrafter | DynamicTreeDrafter | None,
                   sampling: Sampling, acceptance: Acceptance, cache: StaticCache, carry: Carry, chain: Chain | None,
-                  race: torch.Tensor | None, stats: DecodeStats) -> tuple[list[int], Carry]:
-        """One step of `tree` (None: a plain step) and its new tokens, read in the step's one device-to-host
-        transfer (accepted length, the path's candidates, the path's predictions)."""
+                  race: torch.Tensor | None, stats: DecodeStats) -> tuple[list[int], Carry, list[float] | None]:
+        """One step of `tree` (None: a plain step): its new tokens, what the next step starts from and (dynamic
+        trees) the probabilities of the next step's candidates, highest first, all read in the step's one
+        device-to-host transfer."""
         if tree is None:
             token, carry = self.plain_step((cache.capacity, sampling), f"plain, capacity {cache.capacity}", stats,
                                            sampling, cache, carry, race)
-            return token.tolist(), carry
+            return token.tolist(), carry, None
         key = (cache.capacity, repr(tree), sampling, acceptance)
         kind = "dynamic " if isinstance(tree, DynamicTree) else ""
         label = f"{drafter.tokens_per_step}-token {kind}tree, capacity {cache.capacity}"
         packed, carry = self.step(key, label, stats, drafter, sampling, acceptance, cache, carry, chain, race)
         packed = packed.tolist()
-        count, depth = packed[0], drafter.depth
-        return packed[1 : 1 + count] + [packed[1 + depth + count]], carry
+        count, depth = int(packed[0]), drafter.depth
+        tokens = [int(t) for t in packed[1 : 1 + count] + [packed[1 + depth + count]]]
+        return tokens, carry, packed[2 + 2 * depth :] if isinstance(tree, DynamicTree) else None
 
     @torch.inference_mode()
     def decode(
@@ -347,23 +380,30 @@ class MedusaDecoder:
         hidden = prefill(model, cache, request.input_ids)
         root = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
         carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
-        carried_for = None  # the drafter whose head logits the carry holds (None: a placeholder)
+        carried = NOTHING_CARRIED  # the carry_kind of what `carry.drafted` holds
+        probabilities = None  # of the next step's candidates, where the last step scored them
         tokens = emitter.emit(root.tolist())
         while True:
             yield tokens
             if emitter.done:
                 return
-            index = schedule.next(stats)
-            tree, drafter, lookup = options[index].tree, drafters[index], lookups[index]
             started, compiling = time.perf_counter(), stats.compile_seconds
+            guess = ([], [])
             if context is not None:
                 context.extend(tokens)
-            if drafter is not None and drafter is not carried_for:  # the carried heads' logits are another's, or none
-                carry = carry._replace(head_logits=drafter.head_logits(carry.root, carry.hidden))
+                guess = context.guess(max(lookups))
+            index = schedule.next(stats, None if probabilities is None else [
+                expected_tokens(probabilities, guess[1][:lookup], len(o.tree))
+                if d is not None and d.carry_kind == carried else None
+                for o, d, lookup in zip(options, drafters, lookups)])
+            tree, drafter, lookup = options[index].tree, drafters[index], lookups[index]
+            if drafter is not None and drafter.carry_kind != carried:  # the carry holds another drafter's input
+                carry = carry._replace(drafted=drafter.carried(carry.root, carry.hidden))
             race = exponential_race(options[index].tokens, vocab, sampling, generator, device)
-            chain = lookup_chain(context.guess(lookup), lookup, device) if lookup else None
-            new, carry = self._run_step(tree, drafter, sampling, acceptance, cache, carry, chain, race, stats)
-            carried_for = drafter
+            chain = lookup_chain(guess, lookup, device) if lookup else None
+            new, carry, probabilities = self._run_step(tree, drafter, sampling, acceptance, cache, carry, chain, race,
+                                                       stats)
+            carried = NOTHING_CARRIED if drafter is None else drafter.carry_kind
             if stats.compile_seconds == compiling:  # a step that compiled says nothing about what steps cost
                 schedule.observe(index, 1000 * (time.perf_counter() - started), len(new))
             stats.step_sizes[options[index].tokens] += 1

@@ -7,7 +7,9 @@ at its one device-to-host transfer anyway, so an `AdaptiveSchedule` keeps the re
 few tree sizes and the plain step) and the realised acceptance, and runs the option with the most tokens per ms:
 - an option's cost is the median of its last steps where it has run, else its profile cost scaled as the run
   ones turned out;
-- a tree's tokens per step are the heads' expectation scaled by realised over expected accepted tokens;
+- a tree's tokens per step are expected from this step's own candidates (their probabilities, which the step
+  before scored and brought back in its transfer, and the lookup chain's) where the decoder has them, else from
+  the heads' measured accuracy, either scaled by how many of its expected tokens were accepted so far;
 - every option runs a few steps once per process, unless the profile's costs already came from real steps,
   and again whenever the running option's cost stays off by more than FACTOR; what they cost is handed to
   `on_correction`, which writes it back to the profile (the next process starts from the truth) and may return
@@ -56,7 +58,7 @@ class FixedSchedule:
     def begin(self) -> tuple[StepOption, ...]:
         return self.options
 
-    def next(self, stats: DecodeStats) -> int:
+    def next(self, stats: DecodeStats, expected: list[float | None] | None = None) -> int:
         return 0
 
     def observe(self, index: int, ms: float, tokens: int) -> None:
@@ -70,7 +72,10 @@ class AdaptiveSchedule:
                  on_correction: Callable[[dict[int, float]], list[StepOption] | None] | None = None,
                  log: Callable[[str], None] | None = None):
         self.on_correction, self.log = on_correction, log
-        self.accepted = self.expected = 0.0
+        # accepted and expected accepted tokens (decayed sums) of steps estimated from their own candidates (True)
+        # and from the heads' accuracy (False): the two estimates are off by different factors
+        self.acceptance_sums = {True: [0.0, 0.0], False: [0.0, 0.0]}
+        self.estimate: tuple[float, bool] = (1.0, False)  # what the running step was expected to emit, and how
         self.pending: list[StepOption] | None = None
         self._install(options, {})
         if costs_realised:
@@ -107,29 +112,44 @@ class AdaptiveSchedule:
         scale = statistics.median(statistics.median(self.recent[i]) / self.basis[i] for i in run) if run else 1.0
         return self.basis[index] * scale
 
-    def acceptance(self) -> float:
-        """Realised over expected accepted tokens, with PRIOR tokens of the heads' expectation."""
-        return (self.accepted + PRIOR) / (self.expected + PRIOR)
+    def acceptance(self, per_step: bool) -> float:
+        """Realised over expected accepted tokens, with PRIOR tokens of the estimate's own word."""
+        accepted, expected = self.acceptance_sums[per_step]
+        return (accepted + PRIOR) / (expected + PRIOR)
 
-    def tokens_per_ms(self, index: int) -> float:
+    def _estimate(self, index: int, expected: list[float | None] | None) -> tuple[float, bool]:
+        """(tokens option `index` is expected to emit, whether from this step's own candidates)."""
         option = self.options[index]
-        tokens = 1.0 if option.tree is None else 1 + self.acceptance() * (option.expected_tokens - 1)
-        return tokens / self.cost_ms(index)
+        if option.tree is None:
+            return 1.0, False
+        if expected is not None and expected[index] is not None:
+            return expected[index], True
+        return option.expected_tokens, False
 
-    def best(self, trees_only: bool = False) -> int:
+    def tokens_per_ms(self, index: int, expected: list[float | None] | None = None) -> float:
+        tokens, per_step = self._estimate(index, expected)
+        return (1 + self.acceptance(per_step) * (tokens - 1)) / self.cost_ms(index)
+
+    def best(self, expected: list[float | None] | None = None, trees_only: bool = False) -> int:
         indices = [i for i, o in enumerate(self.options) if o.tree is not None or not trees_only]
-        return max(indices, key=self.tokens_per_ms)
+        return max(indices, key=lambda i: self.tokens_per_ms(i, expected))
 
-    def next(self, stats: DecodeStats) -> int:
-        """The option to run now: a probe while costs are being checked, else the fastest by the estimates."""
+    def next(self, stats: DecodeStats, expected: list[float | None] | None = None) -> int:
+        """The option to run now: a probe while costs are being checked, else the fastest by the estimates.
+        `expected`: per option, the tokens this step's own candidates make it expected to emit (None: unknown)."""
+        index = self._choose(stats, expected)
+        self.estimate = self._estimate(index, expected)
+        return index
+
+    def _choose(self, stats: DecodeStats, expected: list[float | None] | None) -> int:
         if self.probes:
             return self.probes[0]
-        index = self.best()
+        index = self.best(expected)
         if self.options[index].tree is None:
             self.plain_run += 1
             if self.plain_run > RECHECK:
                 self.plain_run = 0
-                return self.best(trees_only=True)
+                return self.best(expected, trees_only=True)
         if self.decided is not None and index != self.decided:
             stats.switches += 1
             if self.log and None in (self.options[index].tree, self.options[self.decided].tree):
@@ -156,8 +176,9 @@ class AdaptiveSchedule:
         option = self.options[index]
         self.recent[index].append(ms)
         if option.tree is not None:
-            self.accepted = DECAY * self.accepted + tokens - 1
-            self.expected = DECAY * self.expected + option.expected_tokens - 1
+            estimate, per_step = self.estimate
+            sums = self.acceptance_sums[per_step]
+            sums[0], sums[1] = DECAY * sums[0] + tokens - 1, DECAY * sums[1] + estimate - 1
         if self.probes:
             if index == self.probes[0]:
                 self.probes.popleft()

@@ -92,6 +92,7 @@ class AdaptiveSchedule:
         self.probes: deque[int] = deque(i for i, o in enumerate(options) if o.tokens not in costs for _ in range(PROBES))
         self.decided: int | None = None
         self.plain_run = 0
+        self.plain_regime = False  # whether plain steps are the best on average (said once when it changes)
 
     def _probe_order(self) -> deque[int]:
         return deque(index for index in range(len(self.options)) for _ in range(PROBES))
@@ -145,27 +146,30 @@ class AdaptiveSchedule:
         if self.probes:
             return self.probes[0]
         index = self.best(expected)
+        self._notice_regime()
         if self.options[index].tree is None:
             self.plain_run += 1
             if self.plain_run > RECHECK:
                 self.plain_run = 0
                 return self.best(expected, trees_only=True)
+        else:
+            self.plain_run = 0
         if self.decided is not None and index != self.decided:
             stats.switches += 1
-            if self.log and None in (self.options[index].tree, self.options[self.decided].tree):
-                self.log(self._switch_notice(index))
         self.decided = index
-        if self.options[index].tree is not None:
-            self.plain_run = 0
         return index
 
-    def _switch_notice(self, index: int) -> str:
-        tree = self.best(trees_only=True)
-        medusa = f"{self.tokens_per_ms(tree) * 1000:.1f} tok/s with {self.options[tree].tokens}-token steps"
-        plain = f"{self.tokens_per_ms(self.plain_index) * 1000:.1f} tok/s plain"
-        if self.options[index].tree is None:
-            return f"Switching to plain decoding: realised {medusa} against {plain}"
-        return f"Back to Medusa decoding: {medusa} against {plain}"
+    def _notice_regime(self) -> None:
+        """One line when speculation stops paying on average (the estimates without any step's own candidates
+        put plain steps first) or starts again; single plain steps of unpromising candidates say nothing."""
+        plain = self.options[self.best()].tree is None
+        if self.log and plain != self.plain_regime:
+            tree = self.best(trees_only=True)
+            medusa = f"{self.tokens_per_ms(tree) * 1000:.1f} tok/s with {self.options[tree].tokens}-token steps"
+            rate = f"{self.tokens_per_ms(self.plain_index) * 1000:.1f} tok/s plain"
+            self.log(f"Switching to plain decoding: realised {medusa} against {rate}" if plain else
+                     f"Back to Medusa decoding: {medusa} against {rate}")
+        self.plain_regime = plain
 
     @property
     def plain_index(self) -> int:

@@ -64,10 +64,9 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
         else:
             shape = f"depth {max(map(len, medusa.tree))}"
         print(f"Tree: {runtime.tree_tokens} tokens per step, {shape}, acceptance {rule}", file=sys.stderr)
-        if runtime.options:
-            sizes = "/".join(str(o.tokens) for o in sorted(runtime.options, key=lambda o: o.tokens) if o.tree is not None)
-            print(f"Each step: the {sizes}-token tree or a plain step, whichever real steps show fastest",
-                  file=sys.stderr)
+    if runtime.options:
+        sizes = "/".join(str(o.tokens) for o in sorted(runtime.options, key=lambda o: o.tokens) if o.tree is not None)
+        print(f"Each step: the {sizes}-token tree or a plain step, whichever real steps show fastest", file=sys.stderr)
 
     def decode(request, stats):
         return medusa.decode(request, acceptance, stats)
@@ -75,7 +74,7 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
     return Session(medusa.base_model, medusa.tokenizer, decode, args,
                    extra_fields=lambda stats: {"tree_tokens": runtime.tree_tokens, "dtype": dtype_name(runtime.dtype),
                                                "graph_mode": runtime.graph_mode,
-                                               "acceptance": rule if medusa.tree is not None else "plain"})
+                                               "acceptance": rule if medusa.tree is not None or runtime.options else "plain"})
 
 
 def main(argv: list[str] | None = None) -> int:

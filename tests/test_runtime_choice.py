@@ -181,3 +181,11 @@ def test_a_choice_from_a_wrong_profile_is_decided_again_as_from_the_right_one_on
     timed = {o.tokens: NATIVE_BF16.cost_ms(BF16, o.tokens) for o in misled.options}
     again = redecided(misled, wrong.corrected(BF16, timed), 5, demo_accuracy())
     assert again.tree == right.tree and again.options[0].tree == right.tree
+
+
+def test_a_fallback_to_plain_decoding_still_competes_with_its_best_trees():
+    choice = choose_runtime(AVX2, 3, demo_accuracy())
+    timed = with_step_options(choice, AVX2, demo_accuracy(), 3, tree_given=False, dynamic=True)
+    first, *trees = timed.options
+    assert timed.tree is None and first.tree is None and len(trees) == LADDER
+    assert all(isinstance(o.tree, DynamicTree) for o in trees) and timed.profile is AVX2

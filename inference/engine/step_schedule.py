@@ -14,7 +14,8 @@ few tree sizes and the plain step) and the realised acceptance, and runs the opt
   and again whenever the running option's cost stays off by more than FACTOR; what they cost is handed to
   `on_correction`, which writes it back to the profile (the next process starts from the truth) and may return
   the options re-decided from it, which the next request runs;
-- while plain steps run, the best tree gets a step every RECHECK steps, so a passing load is noticed.
+- while plain steps run, the best tree gets a step now and then (after RECHECK plain steps, then twice as
+  many each time it does not pay), so a load that passes, or text that turns predictable, is noticed.
 Every option is an exact step, so the output never depends on the schedule.
 """
 
@@ -29,7 +30,8 @@ from medusa_choices import DynamicTree, Tree
 WINDOW = 8  # steps of one option whose median is its realised cost
 PROBES = 4  # steps each option runs when costs are checked
 FACTOR = 1.5  # realised cost off the expected by more than this, for WINDOW steps: check every option again
-RECHECK = 32  # plain steps between two tree steps that check whether speculation pays again
+RECHECK = 32  # plain steps before a tree step checks whether speculation pays again; doubled after each check
+MAX_RECHECK = 1024  # that does not bring trees back, up to this (so where trees never pay they cost ~0.1%)
 PRIOR = 8.0  # accepted tokens' worth of belief in the heads' expectation before realised acceptance counts
 DECAY = 0.97  # per tree step, so acceptance follows the request
 
@@ -91,7 +93,7 @@ class AdaptiveSchedule:
         self.recent = [deque([costs[o.tokens]] if o.tokens in costs else [], maxlen=WINDOW) for o in options]
         self.probes: deque[int] = deque(i for i, o in enumerate(options) if o.tokens not in costs for _ in range(PROBES))
         self.decided: int | None = None
-        self.plain_run = 0
+        self.plain_run, self.recheck_every = 0, RECHECK
         self.plain_regime = False  # whether plain steps are the best on average (said once when it changes)
 
     def _probe_order(self) -> deque[int]:
@@ -149,11 +151,11 @@ class AdaptiveSchedule:
         self._notice_regime()
         if self.options[index].tree is None:
             self.plain_run += 1
-            if self.plain_run > RECHECK:
-                self.plain_run = 0
+            if self.plain_run > self.recheck_every:
+                self.plain_run, self.recheck_every = 0, min(2 * self.recheck_every, MAX_RECHECK)
                 return self.best(expected, trees_only=True)
         else:
-            self.plain_run = 0
+            self.plain_run, self.recheck_every = 0, RECHECK
         if self.decided is not None and index != self.decided:
             stats.switches += 1
         self.decided = index

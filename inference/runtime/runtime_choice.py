@@ -144,35 +144,48 @@ def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: b
                           f"({choice.expected_tokens_per_step:.2f} tokens per {mode})")
 
 
+def _tree_ladder(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[float]], num_heads: int,
+                 like: DynamicTree | None, leave_out: int | None = None) -> list[StepOption]:
+    """A tree of every timed size (dynamic ones like `like`, else the best fixed tree of that size), the fastest
+    by the heads' accuracy and the profile first; `leave_out`: a size already chosen."""
+    trees = []
+    for tokens in sorted(profile.step_ms[dtype]):
+        if tokens == leave_out:
+            continue
+        nodes, expected = best_tree(accuracy, tokens - 1)
+        if like is not None:
+            if not replace(like, nodes=tokens - 1).fits(num_heads):
+                continue
+            nodes = replace(like, nodes=tokens - 1)
+        trees.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
+    return sorted(trees, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)
+
+
 def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: list[list[float]] | None,
-                      num_heads: int, tree_given: bool, graph: GraphProfile | None = None) -> RuntimeChoice:
+                      num_heads: int, tree_given: bool, graph: GraphProfile | None = None,
+                      dynamic: bool = False) -> RuntimeChoice:
     """`choice` with what its steps may run instead, checked against real steps while decoding: the plain step
-    and (a chosen tree, eager) the next best sizes of its kind. A captured tree competes with the captured plain
+    and (a chosen tree, eager) the next best sizes of its kind; a fallback to plain decoding competes with the
+    best trees, which real steps may show to pay after all. A captured tree competes with the captured plain
     step only, at the costs `graph` timed (each other size would be a compile; the eager profile is not
-    corrected from captured steps)."""
-    if choice.tree is None or accuracy is None or choice.expected_tokens_per_step is None:
+    corrected from captured steps). `dynamic`: the heads verify dynamic trees."""
+    if accuracy is None or choice.expected_tokens_per_step is None:
         return choice
     dtype, accuracy = choice.dtype, accuracy[:num_heads]
     if choice.compiled:
-        if graph is None or graph.step_ms is None:
+        if choice.tree is None or graph is None or graph.step_ms is None:
             return choice
         captured_plain = profile.plain_ms[dtype] * graph.plain_ms["captured"] / graph.plain_ms["eager"]
         return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step, graph.step_ms["captured"]),
                                         StepOption(None, 1.0, captured_plain)), options_timed=True)
-    chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
-    others = []
-    if not tree_given:
-        for tokens in sorted(profile.step_ms[dtype]):
-            if tokens == choice.tree_tokens:
-                continue
-            nodes, expected = best_tree(accuracy, tokens - 1)
-            if isinstance(choice.tree, DynamicTree):
-                if not replace(choice.tree, nodes=tokens - 1).fits(num_heads):
-                    continue
-                nodes = replace(choice.tree, nodes=tokens - 1)
-            others.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
-        others = sorted(others, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)[: LADDER - 1]
-    options = (chosen, *others, StepOption(None, 1.0, profile.plain_ms[dtype]))
+    plain = StepOption(None, 1.0, profile.plain_ms[dtype])
+    if choice.tree is None:
+        options = (plain, *_tree_ladder(profile, dtype, accuracy, num_heads, DynamicTree(1) if dynamic else None)[:LADDER])
+    else:
+        chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
+        like = choice.tree if isinstance(choice.tree, DynamicTree) else None
+        others = [] if tree_given else _tree_ladder(profile, dtype, accuracy, num_heads, like, choice.tree_tokens)
+        options = (chosen, *others[: LADDER - 1], plain)
     realised = profile.realised.get(dtype, [])
     return replace(choice, options=options, profile=profile, tree_given=tree_given,
                    options_timed=all(option.tokens in realised for option in options))
@@ -180,10 +193,8 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
 
 def redecided(choice: RuntimeChoice, profile: StepProfile, num_heads: int,
               accuracy: list[list[float]]) -> RuntimeChoice:
-    """`choice` decided again, in its dtype, from `profile` (corrected by real steps); a fallback to plain decoding
-    keeps the trees it had among the options, which its plain step competes with already."""
+    """`choice` decided again, in its dtype, from `profile` (corrected by real steps), with its options."""
     tree = choice.tree if choice.tree_given else None
-    again = choose_runtime(profile, num_heads, accuracy, choice.dtype, tree, dynamic=isinstance(choice.tree, DynamicTree))
-    if again.tree is None:
-        return replace(choice, profile=profile)
-    return with_step_options(again, profile, accuracy, num_heads, choice.tree_given)
+    dynamic = any(isinstance(option.tree, DynamicTree) for option in choice.options)
+    again = choose_runtime(profile, num_heads, accuracy, choice.dtype, tree, dynamic=dynamic)
+    return with_step_options(again, profile, accuracy, num_heads, choice.tree_given, dynamic=dynamic)

@@ -94,7 +94,7 @@ class AdaptiveSchedule:
         self.probes: deque[int] = deque(i for i, o in enumerate(options) if o.tokens not in costs for _ in range(PROBES))
         self.decided: int | None = None
         self.plain_run, self.recheck_every = 0, RECHECK
-        self.plain_regime = False  # whether plain steps are the best on average (said once when it changes)
+        self.plain_regime = options[0].tree is None  # whether plain steps lead on average (said when it changes)
 
     def _probe_order(self) -> deque[int]:
         return deque(index for index in range(len(self.options)) for _ in range(PROBES))

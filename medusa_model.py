@@ -134,8 +134,7 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
     profile = step_profile(model, heads, None if dtype is None else [dtype], log)
     choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification)
     choice, graph = captured_where_faster(choice, model, heads, tree, log, compile)
-    return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None, graph=graph,
-                             dynamic=heads.propose_after_verification)
+    return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None, graph=graph)
 
 
 def captured_where_faster(choice: RuntimeChoice, model: nn.Module, heads: MedusaHeads, tree: Tree | DynamicTree | None,
@@ -263,14 +262,13 @@ class MedusaModel(nn.Module):
     def decode(self, request: DecodeRequest, acceptance: Acceptance | None = None,
                stats: DecodeStats | None = None, tree: Tree | DynamicTree | None = None) -> Iterator[list[int]]:
         """Each step's new ids: Medusa with `tree` (default: the chosen one, each step checked against real steps),
-        or plain decoding where none was chosen and nothing is to be checked."""
-        acceptance = acceptance or Acceptance(default_rule(request.sampling.temperature))
-        if tree is None and self.schedule is not None:
-            return self.decoder.decode(request, self.schedule, acceptance, stats)
+        or plain decoding where none was chosen."""
         tree = tree or self.tree
         if tree is None:
             return self.plain_decoder.decode(request, stats)
-        return self.decoder.decode(request, tree, acceptance, stats)
+        acceptance = acceptance or Acceptance(default_rule(request.sampling.temperature))
+        return self.decoder.decode(request, self.schedule if tree is self.tree and self.schedule else tree,
+                                   acceptance, stats)
 
     def medusa_generate(self, input_ids, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                         acceptance: str | None = None, posterior_threshold: float = 0.09,

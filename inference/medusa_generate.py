@@ -74,7 +74,7 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
     return Session(medusa.base_model, medusa.tokenizer, decode, args,
                    extra_fields=lambda stats: {"tree_tokens": runtime.tree_tokens, "dtype": dtype_name(runtime.dtype),
                                                "graph_mode": runtime.graph_mode,
-                                               "acceptance": rule if medusa.tree is not None or runtime.options else "plain"})
+                                               "acceptance": rule if medusa.tree is not None else "plain"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
 # overstated the measured speed-up by 5% on a CPU with native bf16 (1.61x expected, 1.54x measured) and by
 # 17% with bf16 limited to AVX2 kernels (1.19x expected, 1.02x measured).
 MIN_EXPECTED_SPEEDUP = 1.2
-LADDER = 3  # tree sizes a chosen tree competes with at every step (itself and the next best), besides plain
+LADDER = 3  # tree sizes a step may verify (a chosen tree and the sizes next to it), besides plain
 
 
 @dataclass(frozen=True)
@@ -161,31 +161,35 @@ def _tree_ladder(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[f
     return sorted(trees, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)
 
 
+def _neighbours(ladder: list[StepOption], tokens: int) -> list[StepOption]:
+    """The next smaller and the next larger size than `tokens` in `ladder`: each correction by real steps can move
+    the choice one size further, also to sizes whose profile cost is wrong and that nothing else would run."""
+    smaller = sorted((o for o in ladder if o.tokens < tokens), key=lambda o: o.tokens)[-1:]
+    larger = sorted((o for o in ladder if o.tokens > tokens), key=lambda o: o.tokens)[:1]
+    return smaller + larger
+
+
 def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: list[list[float]] | None,
-                      num_heads: int, tree_given: bool, graph: GraphProfile | None = None,
-                      dynamic: bool = False) -> RuntimeChoice:
+                      num_heads: int, tree_given: bool, graph: GraphProfile | None = None) -> RuntimeChoice:
     """`choice` with what its steps may run instead, checked against real steps while decoding: the plain step
-    and (a chosen tree, eager) the next best sizes of its kind; a fallback to plain decoding competes with the
-    best trees, which real steps may show to pay after all. A captured tree competes with the captured plain
-    step only, at the costs `graph` timed (each other size would be a compile; the eager profile is not
-    corrected from captured steps). `dynamic`: the heads verify dynamic trees."""
-    if accuracy is None or choice.expected_tokens_per_step is None:
+    and (a chosen tree, eager) the next smaller and larger sizes of its kind. A captured tree competes with the
+    captured plain step only, at the costs `graph` timed (each other size would be a compile; the eager profile is
+    not corrected from captured steps). A fallback to plain decoding stays plain decoding: plain steps inside the
+    Medusa decoder cost ~5% more than the plain decoder's (the schedule's bookkeeping), measured with bf16 limited
+    to AVX2, where trees never pay."""
+    if choice.tree is None or accuracy is None or choice.expected_tokens_per_step is None:
         return choice
     dtype, accuracy = choice.dtype, accuracy[:num_heads]
     if choice.compiled:
-        if choice.tree is None or graph is None or graph.step_ms is None:
+        if graph is None or graph.step_ms is None:
             return choice
         captured_plain = profile.plain_ms[dtype] * graph.plain_ms["captured"] / graph.plain_ms["eager"]
         return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step, graph.step_ms["captured"]),
                                         StepOption(None, 1.0, captured_plain)), options_timed=True)
-    plain = StepOption(None, 1.0, profile.plain_ms[dtype])
-    if choice.tree is None:
-        options = (plain, *_tree_ladder(profile, dtype, accuracy, num_heads, DynamicTree(1) if dynamic else None)[:LADDER])
-    else:
-        chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
-        like = choice.tree if isinstance(choice.tree, DynamicTree) else None
-        others = [] if tree_given else _tree_ladder(profile, dtype, accuracy, num_heads, like, choice.tree_tokens)
-        options = (chosen, *others[: LADDER - 1], plain)
+    chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
+    like = choice.tree if isinstance(choice.tree, DynamicTree) else None
+    others = [] if tree_given else _neighbours(_tree_ladder(profile, dtype, accuracy, num_heads, like), chosen.tokens)
+    options = (chosen, *others, StepOption(None, 1.0, profile.plain_ms[dtype]))
     realised = profile.realised.get(dtype, [])
     return replace(choice, options=options, profile=profile, tree_given=tree_given,
                    options_timed=all(option.tokens in realised for option in options))
@@ -193,8 +197,10 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
 
 def redecided(choice: RuntimeChoice, profile: StepProfile, num_heads: int,
               accuracy: list[list[float]]) -> RuntimeChoice:
-    """`choice` decided again, in its dtype, from `profile` (corrected by real steps), with its options."""
+    """`choice` decided again, in its dtype, from `profile` (corrected by real steps), with its options; where plain
+    decoding comes out ahead, its trees keep competing with the plain step as they do already."""
     tree = choice.tree if choice.tree_given else None
-    dynamic = any(isinstance(option.tree, DynamicTree) for option in choice.options)
-    again = choose_runtime(profile, num_heads, accuracy, choice.dtype, tree, dynamic=dynamic)
-    return with_step_options(again, profile, accuracy, num_heads, choice.tree_given, dynamic=dynamic)
+    again = choose_runtime(profile, num_heads, accuracy, choice.dtype, tree, dynamic=isinstance(choice.tree, DynamicTree))
+    if again.tree is None:
+        return replace(choice, profile=profile)
+    return with_step_options(again, profile, accuracy, num_heads, choice.tree_given)

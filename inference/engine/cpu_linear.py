@@ -26,8 +26,10 @@ from inference.engine.host_memory import free_host_memory, total_host_memory
 # for both one token and a 13-token tree step on the shapes above.
 PACKING_BATCH_HINT = 64
 
-# module -> (the weight's identity when packed, its packed copy or None when it was left unpacked)
-_packed: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor | None]]" = weakref.WeakKeyDictionary()
+# module -> (the weight's identity when packed, its packed copy or None when it was left unpacked, the weight
+# packed: held so that its memory cannot be handed to a replacement weight, whose identity would then match)
+_packed: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor | None, torch.Tensor]]" = \
+    weakref.WeakKeyDictionary()
 
 
 def native_bf16_cpu() -> bool:
@@ -55,7 +57,7 @@ def _packed_weight(linear: nn.Linear) -> torch.Tensor | None:
     if entry is None or entry[0] != identity:
         _packed.pop(linear, None)  # a stale copy is freed before packing anew
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKING_BATCH_HINT) if _fits(weight) else None
-        entry = _packed[linear] = (identity, packed)
+        entry = _packed[linear] = (identity, packed, weight.detach())
     return entry[1]
 
 

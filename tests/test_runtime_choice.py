@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.runtime.calibration import GraphProfile, StepProfile
-from inference.runtime.runtime_choice import LADDER, MIN_EXPECTED_SPEEDUP, choose_runtime, redecided, with_step_options
+from inference.runtime.runtime_choice import MIN_EXPECTED_SPEEDUP, choose_runtime, redecided, with_step_options
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
@@ -151,9 +151,9 @@ def test_a_chosen_tree_competes_at_every_step_with_the_sizes_next_to_it_and_the_
     choice = choose_runtime(NATIVE_BF16, 5, demo_accuracy(), dynamic=True)
     choice = with_step_options(choice, NATIVE_BF16, demo_accuracy(), 5, tree_given=False)
     first, *trees, plain = choice.options
-    assert first.tree == choice.tree and plain.tree is None and len(trees) == LADDER - 1
+    assert first.tree == choice.tree and plain.tree is None and len(trees) == 2
     assert all(isinstance(o.tree, DynamicTree) for o in (first, *trees))
-    assert len({o.tokens for o in choice.options}) == LADDER + 1
+    assert len({o.tokens for o in choice.options}) == 4
     position = SIZES.index(first.tokens)  # the sizes next to the chosen one, so corrections can walk the sizes
     assert [o.tokens for o in trees] == [SIZES[position - 1], SIZES[position + 1]]
     assert plain.profile_ms == NATIVE_BF16.plain_ms[BF16] and first.expected_tokens == choice.expected_tokens_per_step

@@ -28,10 +28,12 @@ from inference.engine.context_lookup import ContextLookup
 from inference.engine.cpu_linear import use_packed_bf16_linears
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
 from inference.engine.draft import Draft
-from inference.engine.dynamic_tree import Candidates, expected_tokens, lookup_chain, score_candidates, select_nodes
+from inference.engine.dynamic_tree import (Candidates, draft_dynamic_tree, expected_tokens, lookup_chain, score_candidates,
+                                          select_nodes)
 from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
+from inference.engine.plain_decoding import next_token
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race, probabilities
 from inference.engine.step_schedule import AdaptiveSchedule, FixedSchedule
 from inference.engine.tree_buffers import TreeBuffers, build_tree_buffers
@@ -208,7 +210,7 @@ class DynamicTreeDrafter:
 
     def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
         """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]."""
-        return select_nodes(self.carried(root, hidden), root, self.tree, self.heads.num_heads, self.depth, chain)
+        return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, chain)
 
     def carry_after(self, carry: Carry, all_head_logits: None, node: torch.Tensor, root: torch.Tensor,
                     hidden: torch.Tensor) -> tuple[Candidates, torch.Tensor]:
@@ -327,12 +329,8 @@ class MedusaDecoder:
                     race: torch.Tensor | None) -> tuple[torch.Tensor, Carry]:
         """A plain step on the Medusa cache (a schedule's fallback, exact like a tree step): the carried root is
         written and the base model's next token is the next root."""
-        start = carry.length
-        one = torch.ones((1, 1), dtype=torch.bool, device=start.device)
-        hidden = forward(self.base_model, cache, carry.root, start, start, visible_mask(one, start, cache.capacity),
-                         self.attention)
-        token = choose_tokens(self.base_model.lm_head(hidden), sampling, race)
-        return token, Carry(token, hidden, _placeholder(hidden), start + 1)
+        token, hidden = next_token(self.base_model, cache, carry.root, carry.length, self.attention, sampling, race)
+        return token, Carry(token, hidden, _placeholder(hidden), carry.length + 1)
 
     def _run_step(self, tree: Tree | DynamicTree | None, drafter: FixedTreeDrafter | DynamicTreeDrafter | None,
                   sampling: Sampling, acceptance: Acceptance, cache: StaticCache, carry: Carry, chain: Chain | None,
@@ -392,7 +390,8 @@ class MedusaDecoder:
             if context is not None:
                 context.extend(tokens)
                 guess = context.guess(max(lookups))
-            index = schedule.next(stats, None if probabilities is None else [
+            choosing = probabilities is not None and len(options) > 1  # (a fixed tree has nothing to size)
+            index = schedule.next(stats, None if not choosing else [
                 expected_tokens(probabilities, guess[1][:lookup], len(o.tree))
                 if d is not None and d.carry_kind == carried else None
                 for o, d, lookup in zip(options, drafters, lookups)])

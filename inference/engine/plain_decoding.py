@@ -12,6 +12,15 @@ from inference.engine.npu_attention import attention_for
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race
 
 
+def next_token(model: PreTrainedModel, cache: StaticCache, token: torch.Tensor, length: torch.Tensor,
+               attention: Callable, sampling: Sampling, race: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the base model's next token [1], the hidden state [1, H] it came from) after `token` [1], written at
+    position `length` [1] of `cache`."""
+    one = torch.ones((1, 1), dtype=torch.bool, device=token.device)
+    hidden = forward(model, cache, token, length, length, visible_mask(one, length, cache.capacity), attention)
+    return choose_tokens(model.lm_head(hidden), sampling, race), hidden
+
+
 class PlainDecoder:
     """Plain decoding of one model, eager or with the step captured (`compile`)."""
 
@@ -26,10 +35,7 @@ class PlainDecoder:
     def _step(self, cache: StaticCache, token: torch.Tensor, length: torch.Tensor, race: torch.Tensor | None,
               sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
         """The next token after `token` [1] at position `length` [1]: everything between two host reads."""
-        one = torch.ones((1, 1), dtype=torch.bool, device=token.device)
-        visible = visible_mask(one, length, cache.capacity)
-        hidden = forward(self.model, cache, token, length, length, visible, self.attention)
-        return choose_tokens(self.model.lm_head(hidden), sampling, race), length + 1
+        return next_token(self.model, cache, token, length, self.attention, sampling, race)[0], length + 1
 
     @torch.inference_mode()
     def decode(self, request: DecodeRequest, stats: DecodeStats | None = None) -> Iterator[list[int]]:

@@ -91,13 +91,14 @@ class AdaptiveSchedule:
         self.options = tuple(options)
         self.basis = [costs.get(o.tokens, o.profile_ms) for o in options]  # the costs decisions are checked against
         self.recent = [deque([costs[o.tokens]] if o.tokens in costs else [], maxlen=WINDOW) for o in options]
-        self.probes: deque[int] = deque(i for i, o in enumerate(options) if o.tokens not in costs for _ in range(PROBES))
+        self.probes = self._probe_order(known=costs)
         self.decided: int | None = None
         self.plain_run, self.recheck_every = 0, RECHECK
         self.plain_regime = options[0].tree is None  # whether plain steps lead on average (said when it changes)
 
-    def _probe_order(self) -> deque[int]:
-        return deque(index for index in range(len(self.options)) for _ in range(PROBES))
+    def _probe_order(self, known: dict[int, float] | None = None) -> deque[int]:
+        """PROBES steps of every option, in order, but those whose size has a cost `known` from real steps."""
+        return deque(i for i, o in enumerate(self.options) if o.tokens not in (known or {}) for _ in range(PROBES))
 
     def begin(self) -> tuple[StepOption, ...]:
         """The options of a request about to start: those a correction re-decided, from the first request after it
@@ -164,8 +165,10 @@ class AdaptiveSchedule:
     def _notice_regime(self) -> None:
         """One line when speculation stops paying on average (the estimates without any step's own candidates
         put plain steps first) or starts again; single plain steps of unpromising candidates say nothing."""
+        if not self.log:
+            return
         plain = self.options[self.best()].tree is None
-        if self.log and plain != self.plain_regime:
+        if plain != self.plain_regime:
             tree = self.best(trees_only=True)
             medusa = f"{self.tokens_per_ms(tree) * 1000:.1f} tok/s with {self.options[tree].tokens}-token steps"
             rate = f"{self.tokens_per_ms(self.plain_index) * 1000:.1f} tok/s plain"

@@ -21,7 +21,6 @@ from medusa_choices import DynamicTree, Tree, best_tree, expected_accepted
 # overstated the measured speed-up by 5% on a CPU with native bf16 (1.61x expected, 1.54x measured) and by
 # 17% with bf16 limited to AVX2 kernels (1.19x expected, 1.02x measured).
 MIN_EXPECTED_SPEEDUP = 1.2
-LADDER = 3  # tree sizes a step may verify (a chosen tree and the sizes next to it), besides plain
 
 
 @dataclass(frozen=True)
@@ -145,20 +144,17 @@ def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: b
 
 
 def _tree_ladder(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[float]], num_heads: int,
-                 like: DynamicTree | None, leave_out: int | None = None) -> list[StepOption]:
-    """A tree of every timed size (dynamic ones like `like`, else the best fixed tree of that size), the fastest
-    by the heads' accuracy and the profile first; `leave_out`: a size already chosen."""
+                 like: DynamicTree | None) -> list[StepOption]:
+    """A tree of every timed size (dynamic ones like `like`, else the best fixed tree of that size)."""
     trees = []
     for tokens in sorted(profile.step_ms[dtype]):
-        if tokens == leave_out:
-            continue
         nodes, expected = best_tree(accuracy, tokens - 1)
         if like is not None:
             if not replace(like, nodes=tokens - 1).fits(num_heads):
                 continue
             nodes = replace(like, nodes=tokens - 1)
         trees.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
-    return sorted(trees, key=lambda o: o.expected_tokens / o.profile_ms, reverse=True)
+    return trees
 
 
 def _neighbours(ladder: list[StepOption], tokens: int) -> list[StepOption]:

@@ -119,7 +119,9 @@ class DynamicTree:
 
     def __str__(self) -> str:
         lookup = "" if self.lookup == min(DEFAULT_LOOKUP, self.nodes) else f":{LOOKUP}={self.lookup}"
-        return f"{DYNAMIC}:{self.nodes}{lookup}"
+        shape = "" if (self.top_k, self.expand) == (DynamicTree.top_k, DynamicTree.expand) \
+            else f":top_k={self.top_k}:expand={self.expand}"
+        return f"{DYNAMIC}:{self.nodes}{lookup}{shape}"
 
     def depth(self, num_heads: int) -> int:
         """Levels of the deepest possible node: one per head, or the lookup chain where that is longer."""
@@ -150,23 +152,25 @@ def ranks_taken(tree: Tree | DynamicTree) -> int:
 
 
 def parse_dynamic(name: str) -> DynamicTree | None:
-    """`dynamic` (16 nodes), `dynamic:N`, and either with `:lookup=K` (K context-lookup candidates, 0 for
-    none) as a DynamicTree; None for any other name."""
+    """`dynamic` (16 nodes), `dynamic:N`, and either with any of `:lookup=K` (K context-lookup candidates, 0 for
+    none), `:top_k=K` and `:expand=E` as a DynamicTree (`dynamic:5:top_k=1:expand=1:lookup=0` is a chain of 5);
+    None for any other name."""
     prefix, *fields = name.split(":")
     if prefix != DYNAMIC:
         return None
-    nodes, lookup = DynamicTree.nodes, DEFAULT_LOOKUP
+    values = {"nodes": DynamicTree.nodes, LOOKUP: DEFAULT_LOOKUP, "top_k": DynamicTree.top_k, "expand": DynamicTree.expand}
     if fields and fields[0].isdigit():
-        nodes = int(fields.pop(0))
-    if fields and fields[0].startswith(f"{LOOKUP}=") and fields[0][len(LOOKUP) + 1 :].isdigit():
-        lookup = int(fields.pop(0)[len(LOOKUP) + 1 :])
-    if fields:
-        raise TreeError(f"{name!r}: a dynamic tree is written dynamic[:N][:lookup=K] (N nodes, K of them at most "
-                        "from context lookup; e.g. dynamic:16 or dynamic:16:lookup=0)")
-    if f"{LOOKUP}=" in name and lookup > nodes:
-        raise TreeError(f"{name!r}: a lookup chain of {lookup} tokens does not fit in {nodes} nodes (lookup=K needs "
-                        f"K <= N; a longer chain cannot be verified)")
-    return DynamicTree(nodes, lookup=lookup)
+        values["nodes"] = int(fields.pop(0))
+    for field in fields:
+        key, _, value = field.partition("=")
+        if key not in ("top_k", "expand", LOOKUP) or not value.isdigit():
+            raise TreeError(f"{name!r}: a dynamic tree is written dynamic[:N][:lookup=K][:top_k=K][:expand=E] (N nodes, "
+                            "K of them at most from context lookup; e.g. dynamic:16 or dynamic:16:lookup=0)")
+        values[key] = int(value)
+    if f"{LOOKUP}=" in name and values[LOOKUP] > values["nodes"]:
+        raise TreeError(f"{name!r}: a lookup chain of {values[LOOKUP]} tokens does not fit in {values['nodes']} nodes "
+                        "(lookup=K needs K <= N; a longer chain cannot be verified)")
+    return DynamicTree(values["nodes"], values["top_k"], min(values["expand"], values["top_k"]), values[LOOKUP])
 
 
 def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree | DynamicTree:

@@ -99,7 +99,9 @@ def given_tree(tree: str | Tree | DynamicTree, heads: MedusaHeads, device_type: 
         chosen = tree.checked(heads.num_heads)
     elif tree in TREE_CHOICES:
         stored = heads.config.medusa_choices
-        if stored is None:
+        if stored is None and heads.config.medusa_head_input == "features":
+            chosen = DynamicTree().checked(heads.num_heads)  # the feature drafter drafts dynamic trees only
+        elif stored is None:
             chosen = default_tree(device_type, heads.num_heads)
         else:
             chosen = validate_tree(stored, heads.num_heads) if isinstance(stored, list) else load_tree(stored, heads.num_heads)
@@ -221,8 +223,12 @@ class MedusaModel(nn.Module):
         else:
             heads = load_heads(heads_dir, model.config.hidden_size, model.config.vocab_size)
             draft = heads.config.medusa_draft_vocab_size
-            log(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
-                f"input {heads.config.medusa_head_input}{f', proposing from {draft} tokens' if draft else ''})")
+            proposing = f", proposing from {draft} tokens" if draft else ""
+            if heads.config.medusa_head_input == "features":
+                log(f"Feature drafter: {heads_dir} (one decoder layer, {heads.num_heads} levels{proposing})")
+            else:
+                log(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
+                    f"input {heads.config.medusa_head_input}{proposing})")
         runtime = choose_for_hardware(model, heads, None if dtype == AUTO else model.dtype,
                                       given_tree(tree, heads, torch_device.type), log, compile_mode(compile))
         return cls(model.to(runtime.dtype), heads, tokenizer, runtime=runtime)
@@ -230,14 +236,15 @@ class MedusaModel(nn.Module):
     def save_pretrained(self, directory: str | os.PathLike, layout: str = "heads") -> None:
         """`heads`: heads only (config.json + medusa_lm_head.safetensors); `combined`: base files with the
         heads beside them; `one_checkpoint`: heads inside the model's safetensors, fields in its config.json;
-        `vllm`: the heads as vLLM's Medusa speculator loads them (hidden-input heads only)."""
+        `vllm`: the heads as vLLM's Medusa speculator loads them (hidden-input heads only), a feature drafter as
+        its EAGLE speculator does."""
         if layout not in SAVE_LAYOUTS:
             raise ValueError(f"layout must be one of {SAVE_LAYOUTS}")
         if layout == "heads":
             save_heads(self.medusa_head, directory)
             return
         if layout == "vllm":
-            export_vllm(self.medusa_head, self.base_model.lm_head, directory)
+            export_vllm(self.medusa_head, self.base_model.lm_head, directory, self.base_model.config)
             return
         if layout == "combined":
             self.base_model.save_pretrained(directory)

@@ -7,6 +7,7 @@ import torch
 from inference.engine.decoding import DecodeRequest
 from inference.engine.plain_decoding import plain_decode
 from inference.engine.step_schedule import FixedSchedule, StepOption
+from inference.runtime.feature_drafter import new_feature_drafter
 from medusa_model import MedusaConfig, MedusaHeads
 
 
@@ -30,8 +31,14 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos=()) -> list[
 
 def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, layout: str = "shared_lm_head",
                  head_input: str = "hidden", draft_vocab: list[int] | None = None):
+    """Random heads of any design; `head_input` "features": a feature drafter drafting `num_heads` levels."""
     torch.manual_seed(seed)
     c = model.config
+    if head_input == "features":
+        drafter = new_feature_drafter(model, num_heads, draft_vocab=draft_vocab)
+        for name, p in drafter.named_parameters():
+            torch.nn.init.normal_(p, mean=1.0 if name.endswith("layernorm.weight") else 0.0, std=std)
+        return drafter.to(model.dtype)
     config = MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size, medusa_head_input=head_input,
                           medusa_draft_vocab_size=len(draft_vocab) if draft_vocab else None)
     heads = MedusaHeads(config, c.hidden_size, c.vocab_size)
@@ -92,3 +99,16 @@ class ScriptedSchedule(FixedSchedule):
 
     def next(self, stats, expected=None) -> int:
         return self.order.randrange(len(self.options))
+
+
+def fit_feature_drafter(model, prompts: list[list[int]], max_new_tokens: int, levels: int = 4, steps: int = 60,
+                        seed: int = 0):
+    """A feature drafter trained (as train/train_feature_drafter.py does) on the model's greedy continuations."""
+    from train.feature_drafter_training import DrafterLoss, base_features, train_drafter
+
+    torch.manual_seed(seed)
+    samples = [{"prompt_ids": p, "output_ids": plain_greedy(model, p, max_new_tokens)} for p in prompts]
+    drafter = new_feature_drafter(model, levels)
+    train_drafter(DrafterLoss(drafter, model, unroll=2, token_weight=1.0), base_features(model, samples, 4096),
+                  steps, 3e-3, 2000, seed)
+    return drafter.eval()

@@ -235,14 +235,17 @@ def test_the_cache_key_tells_apart_every_machine_model_heads_and_tree_kind(tiny_
         return calibration.profile_path(calibration.profile_key(model, heads, [FP32], (2, 5)))
 
     base = path()
+    # this machine's capability and packing; the key must change when either is the other
+    other_capability = "AVX512" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "AVX2"
+    packed = calibration.packing_supported()
     changes = [
         lambda patch: patch.setattr(calibration, "cpu_name", lambda: "Another CPU"),
-        lambda patch: patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2"),
+        lambda patch: patch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: other_capability),
         lambda patch: patch.setattr(torch, "__version__", "2.99.0"),
         lambda patch: patch.setattr(torch, "get_num_threads", lambda: 7),
         lambda patch: patch.setattr(model.config, "_name_or_path", "another/model"),
         lambda patch: patch.setattr(model.config, "num_hidden_layers", 99),
-        lambda patch: patch.setattr(calibration, "packing_supported", lambda: False),
+        lambda patch: patch.setattr(calibration, "packing_supported", lambda: not packed),  # either way
     ]
     for change in changes:
         with monkeypatch.context() as patch:

@@ -21,7 +21,8 @@ from test_medusa_sampling import (LENGTH, PROMPT, SAMPLING, chi_square_rejects, 
 
 # (heads, tree, whether these random heads get candidates accepted on the test's prompts)
 CASES = [("hidden", "mc_sim_7b_63", True), ("hidden_and_next_token", "tree_16", False),
-         ("hidden_and_path", "dynamic:16", True), ("hidden_and_path", "dynamic:16:lookup=0", False)]
+         ("hidden_and_path", "dynamic:16", True), ("hidden_and_path", "dynamic:16:lookup=0", False),
+         ("features", "dynamic:16", True)]
 
 
 def ids(steps) -> list[int]:

@@ -40,7 +40,8 @@ def test_the_profiler_sees_a_hidden_sync():
                                                    ("hidden_and_next_token", False, "mc_sim_7b_63"),
                                                    ("hidden_and_next_token", True, "mc_sim_7b_63"),
                                                    ("hidden_and_path", True, "mc_sim_7b_63"),
-                                                   ("hidden_and_path", True, "dynamic:16")])
+                                                   ("hidden_and_path", True, "dynamic:16"),
+                                                   ("features", True, "dynamic:16")])
 def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input, draft, tree):
     model = tiny_pangu[1]
     draft_vocab = upper_half_vocab(model) if draft else None
@@ -52,11 +53,13 @@ def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED])
-def test_steps_a_schedule_switches_between_make_no_hidden_sync(tiny_pangu, sampling):
+@pytest.mark.parametrize("head_input", ["hidden_and_path", "features"])
+def test_steps_a_schedule_switches_between_make_no_hidden_sync(tiny_pangu, sampling, head_input):
     model = tiny_pangu[1]
-    decoder = MedusaDecoder(model, random_heads(model, head_input="hidden_and_path"))
+    decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
-    schedule = ScriptedSchedule([load_tree("dynamic:16"), None, load_tree("dynamic:8"), load_tree("mc_sim_7b_63")])
+    fixed = [load_tree("mc_sim_7b_63")] if head_input != "features" else []  # the feature drafter drafts dynamic trees
+    schedule = ScriptedSchedule([load_tree("dynamic:16"), None, load_tree("dynamic:8"), *fixed])
     request = DecodeRequest(prompt, 40, (), sampling, seed=0)
     syncs, steps = hidden_syncs_after_prefill(decoder.decode(request, schedule, Acceptance(default_rule(sampling.temperature))))
     assert steps > 10 and syncs == 0
@@ -109,13 +112,15 @@ class TransferCounter:
                                                            ("sample", SAMPLED, "hidden_and_next_token", "tree_16"),
                                                            ("greedy", Sampling(), "hidden_and_path", "dynamic:16"),
                                                            ("sample", SAMPLED, "hidden_and_path", "dynamic:16"),
-                                                           ("sample", SAMPLED, "hidden_and_path", "switching")])
+                                                           ("sample", SAMPLED, "hidden_and_path", "switching"),
+                                                           ("sample", SAMPLED, "features", "dynamic:16"),
+                                                           ("greedy", Sampling(), "features", "switching")])
 def test_each_medusa_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch, rule, sampling, head_input, tree):
     model = tiny_pangu[1]
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     prompt = random_prompts(model.config.vocab_size, count=1)[0] * 3  # repeated text, so context lookup guesses
-    steps_of = ScriptedSchedule([load_tree("dynamic:16"), None, load_tree("tree_16")]) if tree == "switching" \
-        else load_tree(tree)
+    other = load_tree("dynamic:8" if head_input == "features" else "tree_16")
+    steps_of = ScriptedSchedule([load_tree("dynamic:16"), None, other]) if tree == "switching" else load_tree(tree)
     transfers = TransferCounter(monkeypatch)
     steps = len(list(decoder.decode(DecodeRequest(prompt, 40, (), sampling, seed=0), steps_of, Acceptance(rule))))
     assert steps > 5 and transfers.counts == {"tolist": steps, "item": 0, "cpu": 0, "numpy": 0}  # prefill included

@@ -71,7 +71,10 @@ def chi_square_rejects(counts: Counter, expected: dict[tuple, float], n: int) ->
     (DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), "hidden_and_path"),
     (ScriptedSchedule([DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), None,
                        DynamicTree(nodes=2, top_k=2, expand=1, lookup=0)]), "hidden_and_path"),
-], ids=["fixed", "dynamic", "dynamic-lookup", "switching"])
+    (DynamicTree(nodes=3, top_k=2, expand=1, lookup=3), "features"),
+    (ScriptedSchedule([DynamicTree(nodes=3, top_k=2, expand=1, lookup=0), None,
+                       DynamicTree(nodes=2, top_k=2, expand=1, lookup=3)]), "features"),
+], ids=["fixed", "dynamic", "dynamic-lookup", "switching", "feature-drafter", "feature-drafter-switching"])
 def test_sampled_continuations_match_plain_sampling_distribution(tree, head_input):
     model = tiny_vocab_model()
     expected = exact_distribution(model)

@@ -113,10 +113,10 @@ class CacheSlot:
 
 
 def prefill(model: nn.Module, cache: StaticCache, prompt: list[int]) -> torch.Tensor:
-    """The prompt into an empty cache; the last position's final hidden state [1, H]."""
+    """The prompt into an empty cache; the final hidden states [len(prompt), H] of its positions."""
     ids = torch.tensor(prompt, device=model.device)
     positions = torch.arange(len(prompt), device=model.device)
-    return forward(model, cache, ids, positions, positions, None)[-1:]
+    return forward(model, cache, ids, positions, positions, None)
 
 
 def visible_mask(tree_mask: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -160,6 +160,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of x [heads, T, D] at the positions whose tables are cos/sin [T, D]."""
+    return x * cos + _rotate_half(x) * sin
+
+
 def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, positions: torch.Tensor,
             slots: torch.Tensor, visible: torch.Tensor | None, attention=masked_attention) -> torch.Tensor:
     """Final hidden states [T, H] of `tokens` [T] at RoPE `positions` [T], their keys and values written to
@@ -177,8 +182,7 @@ def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, position
         x = layer.input_layernorm(hidden)
         query = attn.q_proj(x).view(size, heads, head_dim).transpose(0, 1)
         key = attn.k_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
-        query = query * cos + _rotate_half(query) * sin
-        key = key * cos + _rotate_half(key) * sin
+        query, key = rotary(query, cos, sin), rotary(key, cos, sin)
         keys[:, slots] = key
         values[:, slots] = attn.v_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
         if visible is None:

@@ -18,7 +18,6 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -27,9 +26,10 @@ from transformers import PreTrainedModel
 from inference.engine.context_lookup import ContextLookup
 from inference.engine.cpu_linear import use_packed_bf16_linears
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.engine.draft import Draft
+from inference.engine.draft import Carry, Draft, Verified
 from inference.engine.dynamic_tree import (Candidates, draft_dynamic_tree, expected_tokens, lookup_chain, score_candidates,
                                           select_nodes)
+from inference.engine.feature_drafting import FeatureCacheSlot, FeatureTreeDrafter
 from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
@@ -42,18 +42,6 @@ from medusa_choices import DynamicTree, Tree, TreeError
 ACCEPTANCE_RULES = ("greedy", "sample", "typical")
 
 Chain = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a context-lookup guess laid out by `lookup_chain`
-
-
-class Carry(NamedTuple):
-    """What one step hands the next on the device: the next root token [1], the hidden state [1, H] of the
-    position it follows, what the drafter drafts the next tree from (`drafted`: the heads' logits there
-    [depth, V'] for fixed trees that take them from the verification, the heads' candidates there for dynamic
-    trees, else a placeholder) and the valid cache length [1]."""
-
-    root: torch.Tensor
-    hidden: torch.Tensor
-    drafted: torch.Tensor | Candidates
-    length: torch.Tensor
 
 
 NOTHING_CARRIED = "nothing"  # the `carry_kind` of a carry whose `drafted` is a placeholder
@@ -144,16 +132,18 @@ class FixedTreeDrafter:
         """What `drafted` holds between its steps: the heads' logits of its depth, or nothing."""
         return NOTHING_CARRIED if self.propose_after_verification else ("head logits", self.depth)
 
-    def carried(self, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def carried(self, carry: Carry) -> torch.Tensor:
         """What a step drafts from where the step before it carried something else (the first, or after a switch):
         the heads' logits, or a placeholder."""
-        return _placeholder(hidden) if self.propose_after_verification else self._logits_of_heads(root, hidden)
+        if self.propose_after_verification:
+            return _placeholder(carry.hidden)
+        return self._logits_of_heads(carry.root, carry.hidden)
 
-    def carry_after(self, carry: Carry, all_head_logits: torch.Tensor | None, node: torch.Tensor, root: torch.Tensor,
-                    hidden: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """What the next step drafts from: the heads' logits at the accepted `node`, computed in the verification."""
-        drafted = carry.drafted if all_head_logits is None else all_head_logits.index_select(1, node)[:, 0]
-        return drafted, None
+    def carry_after(self, carry: Carry, verified: Verified) -> tuple[torch.Tensor, None]:
+        """What the next step drafts from: the heads' logits at the accepted node, computed in the verification."""
+        if verified.all_head_logits is None:
+            return carry.drafted, None
+        return verified.all_head_logits.index_select(1, verified.node)[:, 0], None
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
         if self.propose_after_verification:
@@ -205,22 +195,25 @@ class DynamicTreeDrafter:
         """The heads' candidates, which serve a dynamic tree of any node count with the same top_k and expand."""
         return ("candidates", self.tree.top_k, self.tree.expand)
 
-    def carried(self, root: torch.Tensor, hidden: torch.Tensor) -> Candidates:
-        return score_candidates(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree)
+    def carried(self, carry: Carry) -> Candidates:
+        return score_candidates(self.heads, self.embeddings, self.lm_head, carry.hidden, carry.root, self.tree)
 
     def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
         """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]."""
         return draft_dynamic_tree(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree, self.depth, chain)
 
-    def carry_after(self, carry: Carry, all_head_logits: None, node: torch.Tensor, root: torch.Tensor,
-                    hidden: torch.Tensor) -> tuple[Candidates, torch.Tensor]:
+    def carry_after(self, carry: Carry, verified: Verified) -> tuple[Candidates, torch.Tensor]:
         """The next step's candidates, scored now, and their probabilities, highest first: the host reads them in
         this step's one transfer and chooses the next step's size from them."""
-        candidates = self.carried(root, hidden)
+        candidates = score_candidates(self.heads, self.embeddings, self.lm_head, verified.hidden, verified.root,
+                                      self.tree)
         return candidates, candidates.scores.exp().sort(descending=True).values
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
         return select_nodes(carry.drafted, carry.root, self.tree, self.heads.num_heads, self.depth, chain)
+
+
+Drafter = FixedTreeDrafter | DynamicTreeDrafter | FeatureTreeDrafter
 
 
 class MedusaDecoder:
@@ -239,9 +232,15 @@ class MedusaDecoder:
         self.step = CapturedStep(self._step, base_model.device, compile, "Medusa", log)
         self.plain_step = CapturedStep(self._plain_step, base_model.device, compile, "plain", log)
         self._buffers: dict[tuple, TreeBuffers] = {}
-        self._drafters: dict[tuple, FixedTreeDrafter | DynamicTreeDrafter] = {}
+        self._drafters: dict[tuple, Drafter] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
+        self._feature_caches = FeatureCacheSlot(base_model, self.heads) if self._features else None
+
+    @property
+    def _features(self) -> bool:
+        """Whether the heads are a feature drafter (inference/runtime/feature_drafter.py)."""
+        return getattr(self.heads.config, "medusa_head_input", None) == "features"
 
     def tree_buffers(self, tree: Tree) -> TreeBuffers:
         key = (tuple(map(tuple, tree)), str(self.base_model.device))
@@ -276,13 +275,20 @@ class MedusaDecoder:
         logits = lm_head(torch.cat([node_hidden, states]))
         return logits[:size], logits[size:].view(depth, size, -1)
 
-    def drafter(self, tree: Tree | DynamicTree) -> FixedTreeDrafter | DynamicTreeDrafter:
+    def drafter(self, tree: Tree | DynamicTree) -> Drafter:
         """How each step of `tree` is drafted with these heads (checked against them; one per tree and dtype,
         so a captured step sees the same drafter every time)."""
         key = (repr(tree), self.base_model.lm_head.weight.dtype)
         if key not in self._drafters:
             self.heads.check_ranks(tree)
-            if isinstance(tree, DynamicTree):
+            if self._features:
+                if not isinstance(tree, DynamicTree):
+                    raise TreeError("the feature drafter drafts a dynamic tree at every step (dynamic:N; "
+                                    "chain:N for a chain), not a fixed tree")
+                drafter = FeatureTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(),
+                                             tree.checked(self.heads.num_heads), tree.depth(self.heads.num_heads),
+                                             self._feature_caches, self.attention)
+            elif isinstance(tree, DynamicTree):
                 tree.checked(self.heads.num_heads)
                 drafter = DynamicTreeDrafter(self.heads, self._embeddings, self.proposal_lm_head(), tree,
                                              tree.depth(self.heads.num_heads))
@@ -292,7 +298,7 @@ class MedusaDecoder:
             self._drafters[key] = drafter
         return self._drafters[key]
 
-    def _step(self, drafter: FixedTreeDrafter | DynamicTreeDrafter, sampling: Sampling, acceptance: Acceptance,
+    def _step(self, drafter: Drafter, sampling: Sampling, acceptance: Acceptance,
               cache: StaticCache, carry: Carry, chain: Chain | None,
               race: torch.Tensor | None) -> tuple[torch.Tensor, Carry]:
         """One Medusa step, everything between two host reads: draft the tree, verify it in one forward,
@@ -319,28 +325,34 @@ class MedusaDecoder:
         cache.keep(start, path.clamp(min=0))
         node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
         root, hidden = predictions.index_select(0, node), node_hidden.index_select(0, node)
-        drafted, probabilities = drafter.carry_after(carry, all_head_logits, node, root, hidden)
+        verified = Verified(step.tokens, node_hidden, start, path, count, node, root, hidden, all_head_logits)
+        drafted, probabilities = drafter.carry_after(carry, verified)
         packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]])
         if probabilities is not None:  # token ids are exact in float32 (the vocabulary is below 2**24)
             packed = torch.cat([packed.float(), probabilities])
         return packed, Carry(root, hidden, drafted, start + count + 1)
 
-    def _plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry,
-                    race: torch.Tensor | None) -> tuple[torch.Tensor, Carry]:
+    def _plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry, race: torch.Tensor | None,
+                    follower: FeatureTreeDrafter | None) -> tuple[torch.Tensor, Carry]:
         """A plain step on the Medusa cache (a schedule's fallback, exact like a tree step): the carried root is
-        written and the base model's next token is the next root."""
+        written and the base model's next token is the next root. A feature drafter (`follower`) reads the
+        position too, so its cache never misses text."""
         token, hidden = next_token(self.base_model, cache, carry.root, carry.length, self.attention, sampling, race)
+        if follower is not None:
+            follower.after_plain_step(hidden, token, carry.length)
         return token, Carry(token, hidden, _placeholder(hidden), carry.length + 1)
 
-    def _run_step(self, tree: Tree | DynamicTree | None, drafter: FixedTreeDrafter | DynamicTreeDrafter | None,
+    def _run_step(self, tree: Tree | DynamicTree | None, drafter: Drafter | None,
                   sampling: Sampling, acceptance: Acceptance, cache: StaticCache, carry: Carry, chain: Chain | None,
-                  race: torch.Tensor | None, stats: DecodeStats) -> tuple[list[int], Carry, list[float] | None]:
+                  race: torch.Tensor | None, stats: DecodeStats,
+                  follower: FeatureTreeDrafter | None = None) -> tuple[list[int], Carry, list[float] | None]:
         """One step of `tree` (None: a plain step): its new tokens, what the next step starts from and (dynamic
         trees) the probabilities of the next step's candidates, highest first, all read in the step's one
         device-to-host transfer."""
         if tree is None:
-            token, carry = self.plain_step((cache.capacity, sampling), f"plain, capacity {cache.capacity}", stats,
-                                           sampling, cache, carry, race)
+            token, carry = self.plain_step((cache.capacity, sampling, follower is not None),
+                                           f"plain, capacity {cache.capacity}", stats, sampling, cache, carry, race,
+                                           follower)
             return token.tolist(), carry, None
         key = (cache.capacity, repr(tree), sampling, acceptance)
         kind = "dynamic " if isinstance(tree, DynamicTree) else ""
@@ -375,8 +387,14 @@ class MedusaDecoder:
         lookups = [o.tree.lookup if isinstance(o.tree, DynamicTree) else 0 for o in options]
         context = ContextLookup(request.input_ids) if any(lookups) else None
 
-        hidden = prefill(model, cache, request.input_ids)
+        prompt_hidden = prefill(model, cache, request.input_ids)
+        hidden = prompt_hidden[-1:]
         root = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
+        # the feature drafter reads every position of the text, plain steps' too (the schedule's may all be plain)
+        follower = next((d for d in drafters if isinstance(d, FeatureTreeDrafter)), None)
+        if follower is not None:
+            scratch = max(d.scratch for d in drafters if isinstance(d, FeatureTreeDrafter))
+            follower.start(cache.capacity, scratch, prompt_hidden, request.input_ids, root)
         carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
         carried = NOTHING_CARRIED  # the carry_kind of what `carry.drafted` holds
         probabilities = None  # of the next step's candidates, where the last step scored them
@@ -397,11 +415,11 @@ class MedusaDecoder:
                 for o, d, lookup in zip(options, drafters, lookups)])
             tree, drafter, lookup = options[index].tree, drafters[index], lookups[index]
             if drafter is not None and drafter.carry_kind != carried:  # the carry holds another drafter's input
-                carry = carry._replace(drafted=drafter.carried(carry.root, carry.hidden))
+                carry = carry._replace(drafted=drafter.carried(carry))
             race = exponential_race(options[index].tokens, vocab, sampling, generator, device)
             chain = lookup_chain(guess, lookup, device) if lookup else None
             new, carry, probabilities = self._run_step(tree, drafter, sampling, acceptance, cache, carry, chain, race,
-                                                       stats)
+                                                       stats, follower)
             carried = NOTHING_CARRIED if drafter is None else drafter.carry_kind
             if stats.compile_seconds == compiling:  # a step that compiled says nothing about what steps cost
                 schedule.observe(index, 1000 * (time.perf_counter() - started), len(new))

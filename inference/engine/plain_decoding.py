@@ -47,7 +47,7 @@ class PlainDecoder:
         generator = request.generator(device)
         cache = self.cache.get(len(request.input_ids) + request.max_new_tokens)
         emitter = StepEmitter(request, stats)
-        hidden = prefill(model, cache, request.input_ids)
+        hidden = prefill(model, cache, request.input_ids)[-1:]
         token = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
         length = torch.tensor([len(request.input_ids)], device=device)
         while True:

@@ -149,6 +149,8 @@ def calibration_tree(tokens: int, heads) -> Tree | DynamicTree:
     dynamic = DynamicTree(tokens - 1)
     if heads.propose_after_verification and dynamic.fits(heads.num_heads):
         return dynamic
+    if heads.config.medusa_head_input == "features":  # it drafts dynamic trees only: one level wide enough
+        return DynamicTree(tokens - 1, top_k=tokens - 1, expand=min(DynamicTree.expand, tokens - 1))
     nodes = [path for path in mc_sim_7b_63 if len(path) <= heads.num_heads]
     if tokens - 1 > len(nodes):
         nodes += [[rank] for rank in range(10, 10 + tokens - 1 - len(nodes))]

@@ -17,6 +17,8 @@ tokens the tree has already put in front of them:
   the candidates on its tree path, so head i predicts t+2+i knowing what the heads before it proposed. The
   tree is then drafted level by level (one batched call of head i over the nodes of level i).
 Such a head starts with a Linear([hidden; embeddings] -> hidden) initialised to pass the hidden state through.
+- `"features"`: not heads but an EAGLE-style feature drafter, one decoder layer over the base model's features
+  with a KV cache of its own (inference/runtime/feature_drafter.py; `build_heads` makes either).
 
 Shared-lm_head heads may carry a draft vocabulary (`medusa_draft_vocab_size` ids, the `draft_vocab`
 tensor): the tokens the base model emits most often. Proposals are then scored over those rows of the
@@ -43,7 +45,7 @@ from inference.runtime.outputs import replace_atomic, write_atomic
 from medusa_choices import DynamicTree, Tree, TreeError, ranks_taken
 
 LAYOUTS = ("shared_lm_head", "own_lm_head")
-HEAD_INPUTS = ("hidden", "hidden_and_next_token", "hidden_and_path")
+HEAD_INPUTS = ("hidden", "hidden_and_next_token", "hidden_and_path", "features")
 HEADS_WEIGHTS = "medusa_lm_head.safetensors"
 HEADS_WEIGHTS_PT = "medusa_lm_head.pt"
 COMBINED_CONFIG = "medusa_config.json"
@@ -68,6 +70,7 @@ class MedusaConfig:
     medusa_draft_vocab_size: int | None = None  # proposals only from these most frequent tokens
     # acc[i][r]: how often head i's rank-r proposal is right on held-out data (train/medusa_tree_builder.py)
     medusa_head_accuracy: list | None = None
+    medusa_feature_layer: dict | None = None  # the feature drafter's decoder layer (inference/runtime/feature_drafter.py)
 
     def __post_init__(self):
         for name in ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size", "medusa_draft_vocab_size"):
@@ -88,6 +91,9 @@ class MedusaConfig:
             raise MedusaLoadError(f"medusa_head_input must be one of {HEAD_INPUTS}, not {self.medusa_head_input!r}")
         if self.medusa_num_heads < 1 or self.medusa_num_layers < 0:
             raise MedusaLoadError("medusa_num_heads must be >= 1 and medusa_num_layers >= 0")
+        if (self.medusa_feature_layer is not None) != (self.medusa_head_input == "features"):
+            raise MedusaLoadError("medusa_feature_layer describes a feature drafter's layer: it goes with "
+                                  "medusa_head_input 'features', and only there")
         if self.medusa_draft_vocab_size is not None:
             if self.medusa_head_layout != "shared_lm_head":
                 raise MedusaLoadError("a draft vocabulary needs shared_lm_head heads")
@@ -149,10 +155,49 @@ def tokens_read_by(head_input: str, head: int) -> int:
     return {"hidden": 0, "hidden_and_next_token": 1, "hidden_and_path": head + 1}[head_input]
 
 
-class MedusaHeads(nn.ModuleList):
+class DraftVocabulary:
+    """What every drafter shares about the tokens it proposes: the whole vocabulary, or a draft vocabulary (the
+    `draft_vocab` buffer) scored through those rows of the shared lm_head."""
+
+    def init_draft_vocab(self, config: MedusaConfig) -> None:
+        if config.medusa_draft_vocab_size is not None:
+            self.register_buffer("draft_vocab", torch.zeros(config.medusa_draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+
+    @property
+    def proposal_size(self) -> int:
+        """How many tokens the heads rank: their draft vocabulary's, else the whole vocabulary."""
+        return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)
+
+    def check_ranks(self, tree: Tree | DynamicTree) -> None:
+        """A tree that takes the heads' top k proposals somewhere must find that many ranked tokens."""
+        top_k = ranks_taken(tree)
+        if top_k > self.proposal_size:
+            raise TreeError(f"the tree takes the heads' top {top_k} proposals, but they rank only "
+                            f"{self.proposal_size} tokens{' (their draft vocabulary)' if self.draft_vocab is not None else ''}")
+
+    def proposal_lm_head(self, lm_head: nn.Linear) -> nn.Linear:
+        """The projection proposals are scored with: the shared lm_head cut to the draft vocabulary (a copy:
+        build it once, not per step), or the lm_head itself. Map its output indices back with `token_ids`."""
+        if self.draft_vocab is None:
+            return lm_head
+        rows = nn.Linear(lm_head.in_features, len(self.draft_vocab), bias=False, device="meta")
+        weight = lm_head.weight.detach().index_select(0, self.draft_vocab.to(lm_head.weight.device))
+        rows.weight = nn.Parameter(weight, requires_grad=False)
+        return rows
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the `proposal_lm_head` output."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
+
+
+class MedusaHeads(DraftVocabulary, nn.ModuleList):
     """The list of heads; its state_dict keys are the upstream file format (`{i}.{j}.linear.weight`)."""
 
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
+        if config.medusa_head_input not in HEAD_INPUTS[:3]:
+            raise MedusaLoadError(f"{config.medusa_head_input!r} is not a Medusa head input (build_heads makes that drafter)")
         own = config.medusa_head_layout == "own_lm_head"
         reads = [tokens_read_by(config.medusa_head_input, i) for i in range(config.medusa_num_heads)]
         super().__init__(
@@ -169,26 +214,11 @@ class MedusaHeads(nn.ModuleList):
         self.tokens_per_head = reads  # how many tokens after t each head reads
         self.reads_tokens = any(reads)
         self.sequential = config.medusa_head_input == "hidden_and_path"
-        if config.medusa_draft_vocab_size is not None:
-            self.register_buffer("draft_vocab", torch.zeros(config.medusa_draft_vocab_size, dtype=torch.long))
-        else:
-            self.draft_vocab = None
+        self.init_draft_vocab(config)
 
     @property
     def num_heads(self) -> int:
         return len(self)
-
-    @property
-    def proposal_size(self) -> int:
-        """How many tokens the heads rank: their draft vocabulary's, else the whole vocabulary."""
-        return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)
-
-    def check_ranks(self, tree: Tree | DynamicTree) -> None:
-        """A tree that takes the heads' top k proposals somewhere must find that many ranked tokens."""
-        top_k = ranks_taken(tree)
-        if top_k > self.proposal_size:
-            raise TreeError(f"the tree takes the heads' top {top_k} proposals, but they rank only "
-                            f"{self.proposal_size} tokens{' (their draft vocabulary)' if self.draft_vocab is not None else ''}")
 
     @property
     def propose_after_verification(self) -> bool:
@@ -231,20 +261,6 @@ class MedusaHeads(nn.ModuleList):
                token_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """The first `num_heads` heads' outputs [num_heads, *hidden.shape[:-1], -1] (see `head_state`)."""
         return torch.stack([self.head_state(i, hidden, token_embeds) for i in range(num_heads or len(self))])
-
-    def proposal_lm_head(self, lm_head: nn.Linear) -> nn.Linear:
-        """The projection proposals are scored with: the shared lm_head cut to the draft vocabulary (a copy:
-        build it once, not per step), or the lm_head itself. Map its output indices back with `token_ids`."""
-        if self.draft_vocab is None:
-            return lm_head
-        rows = nn.Linear(lm_head.in_features, len(self.draft_vocab), bias=False, device="meta")
-        weight = lm_head.weight.detach().index_select(0, self.draft_vocab.to(lm_head.weight.device))
-        rows.weight = nn.Parameter(weight, requires_grad=False)
-        return rows
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Token ids of indices into the `proposal_lm_head` output."""
-        return indices if self.draft_vocab is None else self.draft_vocab[indices]
 
     def init_from_lm_head(self, lm_head: nn.Module) -> None:
         """Own-lm_head heads start from the base lm_head (as upstream Medusa does)."""
@@ -341,10 +357,19 @@ def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) 
     return heads_from_state(config, _read_state_dict(directory), hidden_size, vocab_size, str(directory))
 
 
+def build_heads(config: MedusaConfig, hidden_size: int, vocab_size: int) -> nn.Module:
+    """Untrained heads of `config`: Medusa heads, or the feature drafter for `medusa_head_input` "features"."""
+    if config.medusa_head_input == "features":
+        from inference.runtime.feature_drafter import FeatureDrafter
+
+        return FeatureDrafter(config, hidden_size, vocab_size)
+    return MedusaHeads(config, hidden_size, vocab_size)
+
+
 def heads_from_state(config: MedusaConfig, state: dict[str, torch.Tensor], hidden_size: int, vocab_size: int,
-                     source: str) -> MedusaHeads:
+                     source: str) -> nn.Module:
     """Heads of `config` with the weights `state` (read from `source`), checked key by key and shape by shape."""
-    heads = MedusaHeads(config, hidden_size, vocab_size)
+    heads = build_heads(config, hidden_size, vocab_size)
     expected_shapes = {k: tuple(v.shape) for k, v in heads.state_dict().items()}
     missing = sorted(set(expected_shapes) - set(state))
     unexpected = sorted(set(state) - set(expected_shapes))

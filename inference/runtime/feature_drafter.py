@@ -1,0 +1,138 @@
+"""The feature drafter: an EAGLE-style draft model, the fourth head design (`medusa_head_input: "features"`).
+
+Medusa heads guess token t+2+i from one hidden state. The feature drafter is one decoder layer of the base
+model's own kind and width that reads, at position p, `fc([embedding(x[p+1]); feature(p)])` and predicts the
+feature of position p+1, whose projection through the base model's lm_head gives token x[p+2]. The features are
+the base model's final hidden states (after its last norm, what its lm_head reads) for accepted text, and the
+drafter's own predictions inside a draft, so every drafted token sees the features of the ones before it and
+the drafter attends to the whole text through a KV cache of its own. As in EAGLE (and vLLM's `eagle`
+speculator, which loads these weights), the layer has no input norm and no norm follows it.
+
+Its config is a `MedusaConfig` whose `medusa_num_heads` is how many levels it drafts and whose
+`medusa_feature_layer` describes the layer (read from the base model's config when the drafter is made, so the
+files load without the base config). Weights: `fc.weight`, `layers.0.self_attn.{q,k,v,o}_proj.*`,
+`layers.0.post_attention_layernorm.weight`, `layers.0.mlp.{gate,up,down}_proj.weight` and the optional
+`draft_vocab` buffer.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+from inference.engine.forward import rotary
+from inference.runtime.medusa_heads import DraftVocabulary, MedusaConfig, MedusaLoadError
+
+LAYER_FIELDS = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "attention_bias",
+                "rms_norm_eps", "hidden_act")
+
+
+def feature_layer_fields(base_config) -> dict:
+    """The description of a decoder layer like the base model's (`medusa_feature_layer`)."""
+    heads = base_config.num_attention_heads
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(base_config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(base_config, "head_dim", None) or base_config.hidden_size // heads,
+        "intermediate_size": base_config.intermediate_size,
+        # OpenPangu-Embedded puts a bias on q/k/v/o: its config says so with `bias` rather than `attention_bias`
+        "attention_bias": bool(getattr(base_config, "attention_bias", False) or getattr(base_config, "bias", False)),
+        "rms_norm_eps": base_config.rms_norm_eps,
+        "hidden_act": getattr(base_config, "hidden_act", "silu"),
+    }
+
+
+def check_layer_fields(fields) -> None:
+    if not isinstance(fields, dict) or sorted(fields) != sorted(LAYER_FIELDS):
+        raise MedusaLoadError(f"medusa_feature_layer must give {', '.join(LAYER_FIELDS)}; got {fields!r:.120}")
+
+
+class FeatureAttention(nn.Module):
+    """The layer's projections (the attention itself runs where the keys are: see inference/engine)."""
+
+    def __init__(self, hidden_size: int, fields: dict):
+        super().__init__()
+        bias, head_dim = fields["attention_bias"], fields["head_dim"]
+        self.q_proj = nn.Linear(hidden_size, fields["num_attention_heads"] * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, fields["num_key_value_heads"] * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, fields["num_key_value_heads"] * head_dim, bias=bias)
+        self.o_proj = nn.Linear(fields["num_attention_heads"] * head_dim, hidden_size, bias=bias)
+
+
+class FeatureLayer(nn.Module):
+    """A Llama-family decoder layer without its input norm (module names as in the base model's layers)."""
+
+    def __init__(self, hidden_size: int, fields: dict):
+        super().__init__()
+        llama = LlamaConfig(hidden_size=hidden_size, intermediate_size=fields["intermediate_size"],
+                            hidden_act=fields["hidden_act"], rms_norm_eps=fields["rms_norm_eps"])
+        self.self_attn = FeatureAttention(hidden_size, fields)
+        self.post_attention_layernorm = LlamaRMSNorm(hidden_size, eps=fields["rms_norm_eps"])
+        self.mlp = LlamaMLP(llama)
+
+
+class FeatureDrafter(DraftVocabulary, nn.Module):
+    """fc + one decoder layer; drafts `config.medusa_num_heads` levels through the base model's lm_head."""
+
+    def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
+        super().__init__()
+        if config.medusa_head_input != "features":
+            raise MedusaLoadError(f"a feature drafter needs medusa_head_input 'features', not {config.medusa_head_input!r}")
+        if config.medusa_head_layout != "shared_lm_head":
+            raise MedusaLoadError("a feature drafter projects through the base model's lm_head: layout shared_lm_head")
+        if config.medusa_num_layers != 1:
+            raise MedusaLoadError(f"a feature drafter has one decoder layer (medusa_num_layers 1), not {config.medusa_num_layers}")
+        check_layer_fields(config.medusa_feature_layer)
+        fields = config.medusa_feature_layer
+        self.config = config
+        self.vocab_size = vocab_size
+        self.fields = fields
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.layers = nn.ModuleList([FeatureLayer(hidden_size, fields)])
+        self.init_draft_vocab(config)
+
+    num_heads = property(lambda self: self.config.medusa_num_heads)  # levels drafted, as many as heads elsewhere
+    own_lm_head = False
+    reads_tokens = True
+    sequential = True
+    propose_after_verification = True  # it drafts from the accepted text's features, known after verification
+
+    def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Callable) -> torch.Tensor:
+        """Predicted features [..., T, H] of positions p+1 from the embeddings of tokens p+1 and the features of
+        positions p [..., T, H], with RoPE tables cos/sin [T, D] of positions p. `attend(query, key, value)`
+        ([..., heads or kv_heads, T, D] each) is the attention: causal over a sequence in training, over the KV
+        cache in decoding."""
+        fields, layer = self.fields, self.layers[0]
+        attn, head_dim = layer.self_attn, fields["head_dim"]
+
+        def split(x: torch.Tensor) -> torch.Tensor:  # [..., T, heads * D] -> [..., heads, T, D]
+            return x.unflatten(-1, (-1, head_dim)).transpose(-2, -3)
+
+        hidden = self.fc(torch.cat([token_embeds, features.to(token_embeds.dtype)], dim=-1))
+        query = rotary(split(attn.q_proj(hidden)), cos, sin)
+        key = rotary(split(attn.k_proj(hidden)), cos, sin)
+        out = attend(query, key, split(attn.v_proj(hidden)))
+        hidden = hidden + attn.o_proj(out.transpose(-2, -3).flatten(-2))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def init_from_lm_head(self, lm_head: nn.Module) -> None:
+        """Nothing to copy: the drafter always projects through the base model's lm_head."""
+
+    def project(self, states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        return lm_head(states.to(lm_head.weight.dtype))
+
+
+def new_feature_drafter(base_model: nn.Module, levels: int = 5, base_name: str | None = None,
+                        draft_vocab: list[int] | None = None) -> FeatureDrafter:
+    """An untrained drafter for `base_model`, drafting `levels` levels (a start for training), proposing from
+    `draft_vocab` (token ids) or the whole vocabulary."""
+    c = base_model.config
+    config = MedusaConfig(levels, 1, "shared_lm_head", c.hidden_size, c.vocab_size, base_name, None, "features",
+                          len(draft_vocab) if draft_vocab else None, medusa_feature_layer=feature_layer_fields(c))
+    drafter = FeatureDrafter(config, c.hidden_size, c.vocab_size)
+    if draft_vocab:
+        drafter.draft_vocab.copy_(torch.tensor(draft_vocab))
+    return drafter

@@ -25,6 +25,7 @@ from inference.runtime.medusa_heads import heads_config_path, load_heads, update
 from inference.runtime.outputs import check_output_file, write_atomic
 from medusa_choices import DynamicTree, Tree, best_tree
 from medusa_model import resolve_sources
+from train.feature_drafter_training import base_features, depth_accuracy
 from train.medusa_training import IGNORE, cache_hidden_states, read_samples
 
 
@@ -89,6 +90,24 @@ def drafted_acceptance(decoder: MedusaDecoder, hidden: torch.Tensor, targets: to
     return torch.stack(accepted).cpu()
 
 
+def feature_drafter_trees(args, drafter, model, heads_dir, samples: list[dict], budgets: list[int]) -> None:
+    """The feature drafter's accuracy per level and rank, drafted as decoding drafts (its own features below the
+    first level) along the held-out answers, and the dynamic tree it drafts (it drafts no fixed tree)."""
+    features = base_features(model, samples, 2048)
+    accuracy = depth_accuracy(drafter, model, features, drafter.num_heads, args.top_k)
+    candidates = [{"budget": budget, "expected_tokens_per_step": round(1 + best_tree(accuracy, budget)[1], 4)}
+                  for budget in budgets]
+    for i, row in enumerate(accuracy):
+        print(f"level {i + 1}: top-1 {row[0]:.3f}  top-{args.top_k} {sum(row):.3f}", file=sys.stderr)
+    tree = DynamicTree(args.nodes)
+    result = {"budget": args.nodes, "tree": str(tree), "device": str(model.device),
+              "dtype": str(model.dtype).removeprefix("torch."), "head_rank_accuracy": accuracy, "candidates": candidates}
+    write_atomic(args.out, json.dumps(result) + "\n")
+    if args.save_in_heads:
+        update_heads_config(heads_config_path(heads_dir), {"medusa_choices": str(tree), "medusa_head_accuracy": accuracy})
+    print(f"{tree} recorded in {args.out}{' and the drafter config' if args.save_in_heads else ''}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from tqdm import tqdm
@@ -111,6 +130,8 @@ def main(argv=None) -> int:
             raise UserError(f"--top_k {args.top_k} is more ranks than the heads have ({heads.proposal_size} tokens "
                             "in their draft vocabulary)")
         samples = read_samples(args.data)[: args.max_samples]
+        if heads.config.medusa_head_input == "features":
+            return feature_drafter_trees(args, heads, model, heads_dir, samples, budgets)
         progress = tqdm(total=len(samples), desc="held-out hidden states", unit="sample", file=sys.stderr)
         hidden, targets, following_ids = cache_hidden_states(model, samples, heads.num_heads, 2048, progress)
         progress.close()

@@ -8,22 +8,11 @@
 set -euo pipefail
 BASE=${BASE:?set BASE to the OpenPangu-Embedded-7B directory}
 NPUS=${NPUS:-8}
-DATA_DIR=${DATA_DIR:-data/pangu}
+export BASE DATA_DIR=${DATA_DIR:-data/pangu}
 OUT=${OUT:-runs/openpangu-7b-medusa-5heads}
 cd "$(dirname "$0")/.."
+bash train/distill_openpangu_7b.sh  # the self-distilled answers (DATA_DIR), shared with the feature drafter
 source /usr/local/Ascend/ascend-toolkit/set_env.sh
-mkdir -p "$DATA_DIR"
-distill() { python train/gen_distill_data.py --base_model "$BASE" --device npu --max_new_tokens 512 --batch_size 32 --no_think "$@"; }
-
-# Training prompts: the ShareGPT conversations a human opens (the PyPI copy has 11,137 of them among ~17.7k),
-# 0-10,799, the other human turns of those conversations (later-turn prompts 0-48,898 of 50,154), and HumanEval
-# tasks 0-131. Held out, never trained on, for the tree: ShareGPT 10,800-11,136 and HumanEval 132-163.
-distill --out "$DATA_DIR/sharegpt.jsonl" --stop 10800 --max_samples 20000
-distill --out "$DATA_DIR/sharegpt_later.jsonl" --prompts sharegpt-later-turns --stop 48899 --max_samples 50000
-distill --out "$DATA_DIR/humaneval.jsonl" --prompts humaneval --stop 132 --max_samples 132
-distill --out "$DATA_DIR/heldout_sharegpt.jsonl" --skip 10800 --max_samples 300
-distill --out "$DATA_DIR/heldout_humaneval.jsonl" --prompts humaneval --skip 132 --max_samples 32
-cat "$DATA_DIR/heldout_sharegpt.jsonl" "$DATA_DIR/heldout_humaneval.jsonl" > "$DATA_DIR/heldout.jsonl"
 
 torchrun --nproc_per_node "$NPUS" train/train_medusa.py --base_model "$BASE" --device npu \
     --data "$DATA_DIR/sharegpt.jsonl" "$DATA_DIR/sharegpt_later.jsonl" "$DATA_DIR/humaneval.jsonl" --out "$OUT" --num_heads 5 \

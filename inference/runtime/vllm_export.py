@@ -1,4 +1,5 @@
-"""Medusa heads in the directory layout vLLM's Medusa speculator loads (`speculative_config={"method": "medusa"}`).
+"""Drafters in the directory layouts vLLM's speculators load: Medusa heads for `{"method": "medusa"}`, the feature
+drafter for `{"method": "eagle"}`.
 
 vLLM's Medusa drafts a top-1 chain from the base model's last hidden state: heads that read the hidden
 state only (`medusa_head_input="hidden"`), each `num_hidden_layers` residual blocks and a vocabulary
@@ -10,6 +11,12 @@ vLLM's naming before it is called done.
 A draft vocabulary is not exported: vLLM's loader takes `token_map` but never reports it loaded, so
 vLLM 0.32 refuses such a directory ("Following weights were not initialized from checkpoint:
 {'token_map'}"). vLLM's heads then score over the whole shared lm_head, which the heads were trained with.
+
+The feature drafter is written as vLLM's `EagleLlamaForCausalLM` loads it (model_executor/models/llama_eagle.py):
+a Llama config of one layer (vLLM prefixes the architecture with "Eagle"), `fc.weight` and `layers.0.*` with
+no input norm (vLLM replaces it with the identity), the embeddings and lm_head taken from the served model. Its
+draft vocabulary is left out for the same reason as above (EAGLE-1 in vLLM reads none): vLLM scores its
+proposals over the whole lm_head.
 """
 
 import json
@@ -89,10 +96,55 @@ def check_vllm_names(directory: Path) -> None:
                               f"{sorted(expected - names)} uninitialised")
 
 
-def export_vllm(heads: MedusaHeads, lm_head: torch.nn.Linear, directory: str | Path) -> None:
-    """Write `heads` (on the base whose `lm_head` is given) as a vLLM Medusa directory, then check its names."""
-    check_vllm_can_run(heads)
+def eagle_config(drafter, base_config) -> dict:
+    """The draft model config vLLM's EAGLE reads: a one-layer Llama of the drafter's layer and the base's RoPE."""
+    fields = drafter.config.medusa_feature_layer
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": base_config.hidden_size,
+        "vocab_size": base_config.vocab_size,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": base_config.max_position_embeddings,
+        "tie_word_embeddings": False,
+        **fields,
+    }
+    rope = dict(getattr(base_config, "rope_parameters", None) or getattr(base_config, "rope_scaling", None) or {})
+    config["rope_theta"] = rope.pop("rope_theta", getattr(base_config, "rope_theta", None))
+    if rope.get("rope_type", "default") != "default":  # older transformers (vLLM's) read scaling from rope_scaling
+        config["rope_scaling"] = rope
+    return config
+
+
+def eagle_parameter_names(config: dict) -> set[str]:
+    """The tensors vLLM's EAGLE Llama loads from a draft directory of `config` (embeddings and lm_head shared)."""
+    layer = "layers.0."
+    names = {"fc.weight", layer + "post_attention_layernorm.weight"}
+    names |= {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    kinds = ("weight", "bias") if config["attention_bias"] else ("weight",)
+    return names | {f"{layer}self_attn.{p}_proj.{k}" for p in "qkvo" for k in kinds}
+
+
+def export_eagle(drafter, base_config, directory: Path) -> None:
+    state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items() if k != "draft_vocab"}
+    config = eagle_config(drafter, base_config)
+    replace_atomic(directory / VLLM_WEIGHTS, lambda staging: save_file(state, str(staging), metadata={"format": "pt"}))
+    write_atomic(directory / "config.json", json.dumps(config, indent=2) + "\n")
+    names, expected = set(load_file(str(directory / VLLM_WEIGHTS))), eagle_parameter_names(config)
+    if names != expected:
+        raise VllmExportError(f"{directory}: vLLM would drop {sorted(names - expected)} and leave "
+                              f"{sorted(expected - names)} uninitialised")
+
+
+def export_vllm(heads, lm_head: torch.nn.Linear, directory: str | Path, base_config=None) -> None:
+    """Write `heads` (on the base whose `lm_head` and config are given) as a vLLM Medusa directory, or a feature
+    drafter as a vLLM EAGLE directory, then check its names."""
     directory = Path(directory)
+    if heads.config.medusa_head_input == "features":
+        directory.mkdir(parents=True, exist_ok=True)
+        export_eagle(heads, base_config, directory)
+        return
+    check_vllm_can_run(heads)
     directory.mkdir(parents=True, exist_ok=True)
     config = vllm_config(heads, lm_head.in_features, lm_head.out_features)
     state = vllm_state_dict(heads, lm_head)

@@ -1,7 +1,7 @@
 """Greedy generation with a real vLLM, run inside the vLLM environment (.venv-vllm) by tests/test_vllm_serving.py.
 
     .venv-vllm/bin/python tests/vllm/run_vllm.py --model DIR --prompts ids.json --max_tokens 64 --out out.json \
-        [--speculator MEDUSA_DIR --num_speculative_tokens 3]
+        [--speculator DIR --method medusa|eagle --num_speculative_tokens 3]
 
 Prompts are token ids (no tokenizer is needed); output: {"outputs": [[ids]...], "drafts": N, "accepted": N}.
 OpenPangu directories are read through this project's config class, registered before vLLM starts (the
@@ -32,7 +32,9 @@ def main() -> int:
     parser.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     parser.add_argument("--max_tokens", type=int, required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--speculator", help="a Medusa directory written by convert_medusa.py --layout vllm")
+    parser.add_argument("--speculator", help="a drafter directory written by convert_medusa.py --layout vllm")
+    parser.add_argument("--method", choices=("medusa", "eagle"), default="medusa",
+                        help="the speculator's kind: Medusa heads, or the feature drafter")
     parser.add_argument("--num_speculative_tokens", type=int, default=3)
     args = parser.parse_args()
 
@@ -46,7 +48,7 @@ def main() -> int:
 
     speculative = None
     if args.speculator:
-        speculative = {"method": "medusa", "model": args.speculator,
+        speculative = {"method": args.method, "model": args.speculator,
                        "num_speculative_tokens": args.num_speculative_tokens}
     llm = LLM(model=args.model, dtype="float32", enforce_eager=True, skip_tokenizer_init=True, seed=0,
               max_model_len=1024, disable_log_stats=False, speculative_config=speculative)

@@ -1,0 +1,140 @@
+"""Train a feature drafter (EAGLE-style: one decoder layer over the base model's features) on a frozen base model.
+
+    python train/train_feature_drafter.py --data data/sharegpt.jsonl --out train/demo_drafter --levels 6 \\
+        --draft_vocab_from train/demo_heads --epochs 4 --threads 2
+
+The base model runs once over every sample (its features stay in memory); the drafter then trains by teacher
+forcing (train/feature_drafter_training.py). Held-out samples give the per-level, per-rank accuracy of drafting
+as decoding does, saved with the drafter for the runtime's choice of tree. The result is a heads directory
+(config.json + medusa_lm_head.safetensors) that inference/medusa_generate.py --medusa_dir loads.
+"""
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from inference.runtime.arguments import (ArgumentParser, add_model_args, fraction, non_negative_float, positive_float,
+                                         positive_int)
+from inference.runtime.demo_model import DEMO_NAME
+from inference.runtime.errors import UserError, run_command
+from inference.runtime.feature_drafter import new_feature_drafter
+from inference.runtime.loading import load_base_from_args
+from inference.runtime.medusa_heads import load_heads, save_heads
+from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
+from train.feature_drafter_training import DrafterLoss, base_features, depth_accuracy, feature_samples, train_drafter
+from train.medusa_training import draft_vocabulary, read_samples
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser, dtype_default="checkpoint", auto=False)  # the base's dtype; the drafter trains in fp32
+    parser.add_argument("--data", required=True, nargs="+", help="JSONL file(s) from train/gen_distill_data.py")
+    parser.add_argument("--out", required=True, help="directory for the drafter (what is there is replaced only when "
+                        "training ends)")
+    parser.add_argument("--levels", type=positive_int, default=6, help="how many levels deep the drafter drafts")
+    vocab = parser.add_mutually_exclusive_group()
+    vocab.add_argument("--draft_vocab_size", type=positive_int,
+                       help="propose from the K most frequent answer tokens only (K/V of the projection's cost)")
+    vocab.add_argument("--draft_vocab_from", help="propose from the draft vocabulary of these heads (a heads directory)")
+    parser.add_argument("--epochs", type=positive_float, default=4.0)
+    parser.add_argument("--lr", type=positive_float, default=1e-3)
+    parser.add_argument("--tokens_per_batch", type=positive_int, default=4096, help="padded tokens per batch")
+    parser.add_argument("--unroll", type=positive_int, default=1,
+                        help="training passes per batch, each after the first reading the drafter's own features")
+    parser.add_argument("--token_weight", type=non_negative_float, default=0.1,
+                        help="weight of the soft-target token loss beside the feature regression")
+    parser.add_argument("--max_length", type=positive_int, default=512)
+    parser.add_argument("--eval_fraction", type=fraction, default=0.05, help="held-out samples for accuracy, in [0, 1)")
+    parser.add_argument("--online_features", action="store_true",
+                        help="run the frozen base model in every training step instead of keeping its features in "
+                        "memory (for large models: a 7B model's features take 8 KB per token)")
+    parser.add_argument("--features_cache", help="keep the base features in this file and reuse them while the data, "
+                        "base model and --max_length are the same (training again then skips the base model)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def cached_features(args, model, samples: list[dict], progress) -> list:
+    """`base_features` of `samples`, from `--features_cache` when it was made from the same inputs."""
+    source = {"data": [str(Path(p).resolve()) for p in args.data], "sizes": [Path(p).stat().st_size for p in args.data],
+              "base_model": str(model.config._name_or_path), "dtype": str(model.dtype), "max_length": args.max_length,
+              "seed": args.seed}
+    path = Path(args.features_cache) if args.features_cache else None
+    if path is not None and path.is_file():
+        cached = torch.load(path, weights_only=False)
+        if cached.get("source") == source:
+            progress.update(len(samples))
+            return cached["features"]
+    features = base_features(model, samples, args.max_length, progress)
+    if path is not None:
+        replace_atomic(path, lambda staging: torch.save({"source": source, "features": features}, staging))
+    return features
+
+
+def proposal_tokens(args, samples: list[dict], model) -> list[int] | None:
+    if args.draft_vocab_from:
+        heads = load_heads(args.draft_vocab_from, model.config.hidden_size, model.config.vocab_size)
+        if heads.draft_vocab is None:
+            raise UserError(f"the heads in {args.draft_vocab_from} have no draft vocabulary")
+        return heads.draft_vocab.tolist()
+    if args.draft_vocab_size:
+        return draft_vocabulary(samples, args.draft_vocab_size, model.config.vocab_size)
+    return None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    started = time.time()
+
+    def body():
+        check_output_dir(args.out)
+        torch.manual_seed(args.seed)
+        model, _ = load_base_from_args(args)
+        samples = [s for path in args.data for s in read_samples(path)]
+        random.Random(args.seed).shuffle(samples)
+        held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0
+        train_samples, eval_samples = samples[held_out:], samples[:held_out]
+        if args.online_features:
+            train_features = feature_samples(train_samples, args.max_length)
+            eval_features = base_features(model, eval_samples, args.max_length)
+        else:
+            with tqdm(total=len(samples), desc="base features", unit="sample") as progress:
+                features = cached_features(args, model, samples, progress)
+            train_features, eval_features = features[held_out:], features[:held_out]
+        featured = time.time()
+        draft_ids = proposal_tokens(args, train_samples, model)
+        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids).to(model.device)
+        loss_fn = DrafterLoss(drafter, model, args.unroll, args.token_weight)
+        history = []
+        with tqdm(desc="training", unit="batch") as progress:
+            steps = train_drafter(loss_fn, train_features, args.epochs, args.lr, args.tokens_per_batch, args.seed,
+                                  progress, lambda step, loss, stats: history.append({"step": step, "loss": round(loss, 4),
+                                                                                      **{k: round(v, 4) for k, v in stats.items()}}))
+        trained = time.time()
+        drafter.eval()
+        accuracy = depth_accuracy(drafter, model, eval_features, args.levels) if eval_features else None
+        drafter.config.medusa_head_accuracy = accuracy
+        save_heads(drafter.float().cpu(), args.out)
+        report = {
+            "data": args.data, "samples": len(samples), "train_samples": len(train_samples),
+            "held_out_samples": len(eval_samples), "train_tokens": sum(len(f.ids) for f in train_features),
+            "steps": steps, "seconds_features": round(featured - started, 1),
+            "seconds_training": round(trained - featured, 1), "seconds": round(time.time() - started, 1),
+            "held_out_accuracy": accuracy, "history": history, "args": vars(args),
+        }
+        write_atomic(Path(args.out) / "training_report.json", json.dumps(report, indent=2) + "\n")
+        for level, row in enumerate(accuracy or []):
+            print(f"level {level + 1}: held-out top-1 {row[0]:.3f}, top-5 {sum(row[:5]):.3f}", file=sys.stderr)
+        print(f"drafter saved to {args.out}", file=sys.stderr)
+
+    return run_command(body, "interrupted: nothing was saved; rerun the command")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

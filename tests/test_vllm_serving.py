@@ -46,50 +46,51 @@ def run_vllm(tmp_path: Path, name: str, model: Path, prompts: list[list[int]], *
     return json.loads(out.read_text())
 
 
-def test_vllm_serves_the_exported_demo_heads_exactly_and_accepts_as_our_engine_does(demo_dir, demo_model, tmp_path):
-    model, tokenizer = demo_model
-    prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    exported = tmp_path / "medusa_vllm"
-    assert convert_medusa.main(["--medusa_dir", str(VLLM_HEADS), "--out", str(exported), "--layout", "vllm",
-                                "--dtype", "fp32"]) == 0
-    plain = run_vllm(tmp_path, "plain", demo_dir, prompts)
-    speculative = run_vllm(tmp_path, "medusa", demo_dir, prompts, "--speculator", str(exported),
-                           "--num_speculative_tokens", "3")
-    assert speculative["outputs"] == plain["outputs"]  # speculation never changes greedy output
-    assert speculative["drafts"] > 0
-    vllm_tokens_per_step = 1 + speculative["accepted"] / speculative["drafts"]
+@pytest.fixture(scope="module")
+def served_plain(demo_dir, demo_model, tmp_path_factory) -> tuple[list[list[int]], list[list[int]]]:
+    """(the chat-templated QUESTIONS, vLLM's plain greedy ids for them): what both speculators must reproduce."""
+    prompts = [prompt_ids(demo_model[1], [{"role": "user", "content": q}]) for q in QUESTIONS]
+    return prompts, run_vllm(tmp_path_factory.mktemp("plain"), "plain", demo_dir, prompts)["outputs"]
 
-    heads = load_heads(VLLM_HEADS, model.config.hidden_size, model.config.vocab_size).float()
-    heads.draft_vocab = None  # as exported: vLLM proposes over the whole vocabulary
+
+def served_tokens_per_step(tmp_path: Path, demo_dir: Path, served_plain, drafter: Path, method: str, chain: int) -> float:
+    """Export `drafter` for vLLM, serve it as `method` drafting `chain` tokens, check its greedy ids are the plain
+    ones and return its tokens per step (1 + accepted / drafts)."""
+    prompts, plain = served_plain
+    exported = tmp_path / f"{method}_vllm"
+    assert convert_medusa.main(["--medusa_dir", str(drafter), "--out", str(exported), "--layout", "vllm",
+                                "--dtype", "fp32"]) == 0
+    speculative = run_vllm(tmp_path, method, demo_dir, prompts, "--speculator", str(exported), "--method", method,
+                           "--num_speculative_tokens", str(chain))
+    assert speculative["outputs"] == plain  # speculation never changes greedy output
+    assert speculative["drafts"] > 0
+    return 1 + speculative["accepted"] / speculative["drafts"]
+
+
+def our_tokens_per_step(model, drafter: Path, prompts: list[list[int]], tree) -> float:
+    """Tokens per verification step of this project's engine with `drafter` as exported (vLLM proposes over the
+    whole vocabulary, so without its draft vocabulary), as vLLM counts them."""
+    heads = load_heads(drafter, model.config.hidden_size, model.config.vocab_size).float()
+    heads.draft_vocab = None
     decoder, stats = MedusaDecoder(model, heads), DecodeStats()
-    for prompt in prompts:  # the same chain vLLM drafts: each head's top-1
-        list(decoder.decode(DecodeRequest(prompt, NEW_TOKENS), load_tree("chain_3"), stats=stats))
-    ours = (stats.new_tokens - len(prompts)) / stats.steps  # tokens per verification step, as vLLM's 1 + accepted/draft
+    for prompt in prompts:
+        list(decoder.decode(DecodeRequest(prompt, NEW_TOKENS), tree, stats=stats))
+    return (stats.new_tokens - len(prompts)) / stats.steps
+
+
+def test_vllm_serves_the_exported_demo_heads_exactly_and_accepts_as_our_engine_does(demo_dir, demo_model, served_plain,
+                                                                                    tmp_path):
+    vllm_tokens_per_step = served_tokens_per_step(tmp_path, demo_dir, served_plain, VLLM_HEADS, "medusa", 3)
+    ours = our_tokens_per_step(demo_model[0], VLLM_HEADS, served_plain[0], load_tree("chain_3"))  # each head's top-1
     assert abs(vllm_tokens_per_step - ours) <= 0.15 * ours, (vllm_tokens_per_step, ours)
     assert ours > 1.15  # trained heads (1.24 measured): a dropped weight would leave vLLM near 1.0
 
 
-def test_vllm_serves_the_exported_demo_drafter_exactly_and_accepts_as_our_engine_does(demo_dir, demo_model, tmp_path):
-    model, tokenizer = demo_model
-    prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    exported = tmp_path / "eagle_vllm"
-    assert convert_medusa.main(["--medusa_dir", str(DEMO_DRAFTER), "--out", str(exported), "--layout", "vllm",
-                                "--dtype", "fp32", "--medusa_choices", "dynamic:16"]) == 0
-    chain = 3
-    plain = run_vllm(tmp_path, "plain", demo_dir, prompts)
-    speculative = run_vllm(tmp_path, "eagle", demo_dir, prompts, "--speculator", str(exported), "--method", "eagle",
-                           "--num_speculative_tokens", str(chain))
-    assert speculative["outputs"] == plain["outputs"]  # speculation never changes greedy output
-    assert speculative["drafts"] > 0
-    vllm_tokens_per_step = 1 + speculative["accepted"] / speculative["drafts"]
-
-    drafter = load_heads(DEMO_DRAFTER, model.config.hidden_size, model.config.vocab_size).float()
-    drafter.draft_vocab = None  # as exported: vLLM proposes over the whole vocabulary
-    decoder, stats = MedusaDecoder(model, drafter), DecodeStats()
-    for prompt in prompts:  # the chain vLLM drafts: the drafter's top-1, `chain` levels deep
-        list(decoder.decode(DecodeRequest(prompt, NEW_TOKENS), DynamicTree(chain, top_k=1, expand=1, lookup=0),
-                            stats=stats))
-    ours = (stats.new_tokens - len(prompts)) / stats.steps
+def test_vllm_serves_the_exported_demo_drafter_exactly_and_accepts_as_our_engine_does(demo_dir, demo_model, served_plain,
+                                                                                      tmp_path):
+    vllm_tokens_per_step = served_tokens_per_step(tmp_path, demo_dir, served_plain, DEMO_DRAFTER, "eagle", 3)
+    chain = DynamicTree(3, top_k=1, expand=1, lookup=0)  # the chain vLLM drafts: the drafter's top-1, 3 levels deep
+    ours = our_tokens_per_step(demo_model[0], DEMO_DRAFTER, served_plain[0], chain)
     assert abs(vllm_tokens_per_step - ours) <= 0.15 * ours, (vllm_tokens_per_step, ours)
     assert ours > 1.3  # a trained drafter: a dropped weight would leave vLLM near 1.0
 

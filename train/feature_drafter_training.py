@@ -112,7 +112,7 @@ def batches(samples: list[FeatureSample], tokens_per_batch: int, seed: int) -> l
 def collate(batch: list[FeatureSample], base_model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids [B, L], features [B, L, H] float32, mask [B, L]) right-padded on the base model's device; the mask
     marks positions p whose token p+2 is an answer token. Features not kept are computed now (right padding
-    does not change a causal model's features before it)."""
+    does not change a causal model's features before it; the padding's own are zeroed, as kept ones leave it)."""
     width = max(len(s.ids) for s in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.bool)
@@ -122,6 +122,8 @@ def collate(batch: list[FeatureSample], base_model: nn.Module) -> tuple[torch.Te
     if batch[0].features is None:
         with torch.no_grad():
             features = base_model.model(input_ids=ids.to(base_model.device)).last_hidden_state.float()
+        lengths = torch.tensor([len(s.ids) for s in batch], device=features.device)
+        features[torch.arange(width, device=features.device) >= lengths.unsqueeze(1)] = 0  # as kept features leave it
     else:
         features = torch.zeros((len(batch), width, batch[0].features.shape[1]))
         for row, sample in enumerate(batch):

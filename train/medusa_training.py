@@ -9,6 +9,7 @@ t+2+i (its logits at position t+1+i, Hydra++'s teacher distillation), not only t
 """
 
 import json
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -46,6 +47,15 @@ def read_samples(path: str | Path) -> list[dict]:
     if not samples:
         raise UserError(f"{path} holds no usable samples (each needs an answer of at least 2 tokens)")
     return samples
+
+
+def split_held_out(samples: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) samples: a seeded shuffle, then `fraction` of them (at least one, where there are two
+    or more) held out for accuracy."""
+    samples = list(samples)
+    random.Random(seed).shuffle(samples)
+    held_out = max(1, int(len(samples) * fraction)) if len(samples) > 1 else 0
+    return samples[held_out:], samples[:held_out]
 
 
 def head_targets(prompt_len: int, ids: list[int], num_heads: int) -> torch.Tensor:

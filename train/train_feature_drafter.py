@@ -10,7 +10,6 @@ as decoding does, saved with the drafter for the runtime's choice of tree. The r
 """
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from inference.runtime.loading import load_base_from_args
 from inference.runtime.medusa_heads import load_heads, save_heads
 from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
 from train.feature_drafter_training import DrafterLoss, base_features, depth_accuracy, feature_samples, train_drafter
-from train.medusa_training import draft_vocabulary, read_samples
+from train.medusa_training import draft_vocabulary, read_samples, split_held_out
 
 
 def parse_args(argv=None):
@@ -97,16 +96,14 @@ def main(argv=None) -> int:
         torch.manual_seed(args.seed)
         model, _ = load_base_from_args(args)
         samples = [s for path in args.data for s in read_samples(path)]
-        random.Random(args.seed).shuffle(samples)
-        held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0
-        train_samples, eval_samples = samples[held_out:], samples[:held_out]
+        train_samples, eval_samples = split_held_out(samples, args.eval_fraction, args.seed)
         if args.online_features:
             train_features = feature_samples(train_samples, args.max_length)
             eval_features = base_features(model, eval_samples, args.max_length)
         else:
             with tqdm(total=len(samples), desc="base features", unit="sample") as progress:
-                features = cached_features(args, model, samples, progress)
-            train_features, eval_features = features[held_out:], features[:held_out]
+                features = cached_features(args, model, eval_samples + train_samples, progress)
+            train_features, eval_features = features[len(eval_samples):], features[: len(eval_samples)]
         featured = time.time()
         draft_ids = proposal_tokens(args, train_samples, model)
         drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids).to(model.device)

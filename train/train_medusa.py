@@ -12,7 +12,6 @@ inference/medusa_generate.py --medusa_dir loads directly.
 
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -25,12 +24,12 @@ from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import resolve_device
 from inference.runtime.errors import UserError, run_command
 from inference.runtime.loading import load_base_from_args
-from inference.runtime.medusa_heads import HEAD_INPUTS, LAYOUTS, MedusaConfig, MedusaHeads, save_heads, write_heads_config
+from inference.runtime.medusa_heads import LAYOUTS, MEDUSA_HEAD_INPUTS, MedusaConfig, MedusaHeads, save_heads, write_heads_config
 from inference.runtime.outputs import check_output_dir, write_atomic
 from medusa_choices import load_tree
 from train.medusa_training import (RUN_CONFIG, CachedPositions, MedusaTrainingModule, SequenceDataset,
                                    cached_answer_hidden_states, draft_vocabulary, pad_sequences, position_rows,
-                                   read_samples)
+                                   read_samples, split_held_out)
 
 
 def parse_args(argv=None):
@@ -42,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--num_heads", type=positive_int, default=4)
     parser.add_argument("--num_layers", type=non_negative_int, default=1, help="ResBlocks per head")
     parser.add_argument("--layout", choices=LAYOUTS, default="shared_lm_head")
-    parser.add_argument("--head_input", choices=HEAD_INPUTS, default="hidden",
+    parser.add_argument("--head_input", choices=MEDUSA_HEAD_INPUTS, default="hidden",
                         help="hidden_and_next_token: heads also read the embedding of token t+1 (the tree's root); "
                         "hidden_and_path: head i reads tokens t+1 .. t+1+i (sequentially dependent, Hydra-style)")
     parser.add_argument("--soft_targets", action="store_true",
@@ -152,9 +151,7 @@ def main(argv=None) -> int:
                     sample["answer_hidden"] = hidden_rows
             progress.close()
         samples = [sample for _, file_samples in files for sample in file_samples]
-        random.Random(args.seed).shuffle(samples)
-        held_out = max(1, int(len(samples) * args.eval_fraction)) if len(samples) > 1 else 0
-        train_samples, eval_samples = samples[held_out:], samples[:held_out]
+        train_samples, eval_samples = split_held_out(samples, args.eval_fraction, args.seed)
         hidden, vocab = model.config.hidden_size, model.config.vocab_size
         # stored resolved, so the heads do not depend on the working directory or a name's meaning
         tree = load_tree(args.tree, args.num_heads) if args.tree else None

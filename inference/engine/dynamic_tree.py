@@ -106,34 +106,46 @@ class Candidates(NamedTuple):
     depths: torch.Tensor
 
 
-def score_candidates(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
-                     root: torch.Tensor, tree: DynamicTree) -> Candidates:
-    """The heads' candidates below `root` [1] at the position whose hidden state is `hidden` [1, H], one level per
-    head: `top_k` children of each of the `expand` likeliest nodes of the level above."""
-    device = hidden.device
-    head_depth = heads.num_heads
-    paths = root.view(1, 1)  # token paths (root first) of the nodes expanded at this level
-    path_scores = torch.zeros(1, device=device)
-    path_ids = torch.full((1,), -1, dtype=torch.long, device=device)  # their candidate ids (-1: the root)
+def score_levels(tree: DynamicTree, levels: int, start, log_probs, expand, token_ids, device: torch.device) -> Candidates:
+    """Candidates scored level by level: `top_k` children of each node expanded at the level above (the root
+    alone at the first), then the `expand` likeliest of them are expanded for the next. The drafter is two pure
+    functions of its own state (whatever it needs to score the expanded nodes, `start` at the root):
+    `log_probs(state, level)` [expanded, V'] over the proposal vocabulary (`token_ids` maps its indices to
+    tokens), and `expand(state, level, parent, tokens)` the state of the nodes kept, each the child `tokens` [K]
+    of the expanded node `parent` [K]."""
+    state, path_scores = start, torch.zeros(1, device=device)
+    path_ids = torch.full((1,), -1, dtype=torch.long, device=device)  # candidate ids of the expanded (-1: the root)
     tokens, scores, parents, depths = [], [], [], []
     scored = 0
-    for level in range(head_depth):
-        expanded = paths.shape[0]
-        state = heads.head_state(level, hidden.expand(expanded, -1), embeddings(paths))
-        log_probs = heads.project(state, lm_head).float().log_softmax(-1)
-        top_log_probs, top_index = log_probs.topk(tree.top_k, dim=-1)  # [expanded, top_k]
-        level_tokens = heads.token_ids(top_index).flatten()
+    for level in range(levels):
+        top_log_probs, top_index = log_probs(state, level).topk(tree.top_k, dim=-1)  # [expanded, top_k]
+        level_tokens = token_ids(top_index).flatten()
         level_scores = _below(path_scores.unsqueeze(1), top_log_probs).flatten()
         tokens.append(level_tokens)
         scores.append(level_scores)
         parents.append(path_ids.repeat_interleave(tree.top_k))
         depths.append(torch.full_like(level_tokens, level + 1))
-        if level + 1 < head_depth:
+        if level + 1 < levels:
             keep = level_scores.topk(min(tree.expand, level_scores.shape[0])).indices
-            paths = torch.cat([paths.index_select(0, keep // tree.top_k), level_tokens[keep].unsqueeze(1)], dim=1)
+            state = expand(state, level, keep // tree.top_k, level_tokens[keep])
             path_scores, path_ids = level_scores[keep], scored + keep
         scored += level_scores.shape[0]
     return Candidates(*map(torch.cat, (tokens, scores, parents, depths)))
+
+
+def score_candidates(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
+                     root: torch.Tensor, tree: DynamicTree) -> Candidates:
+    """The heads' candidates below `root` [1] at the position whose hidden state is `hidden` [1, H], one level per
+    head; each head reads the token paths (root first) of the nodes it expands."""
+
+    def log_probs(paths: torch.Tensor, level: int) -> torch.Tensor:
+        state = heads.head_state(level, hidden.expand(paths.shape[0], -1), embeddings(paths))
+        return heads.project(state, lm_head).float().log_softmax(-1)
+
+    def expand(paths: torch.Tensor, level: int, parent: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.cat([paths.index_select(0, parent), tokens.unsqueeze(1)], dim=1)
+
+    return score_levels(tree, heads.num_heads, root.view(1, 1), log_probs, expand, heads.token_ids, hidden.device)
 
 
 def select_nodes(candidates: Candidates, root: torch.Tensor, tree: DynamicTree, head_depth: int, depth: int,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from inference.engine.draft import Carry, Draft, Verified
-from inference.engine.dynamic_tree import Candidates, _below, select_nodes
+from inference.engine.dynamic_tree import Candidates, score_levels, select_nodes
 from inference.engine.forward import capacity_bucket, masked_attention, prompt_attention, visible_mask
 from inference.engine.graph_mode import keep_addresses
 from medusa_choices import DynamicTree
@@ -165,35 +165,26 @@ class FeatureTreeDrafter:
 
     def score(self, state: torch.Tensor, length: torch.Tensor) -> Candidates:
         """The drafter's candidates below the root at text length `length` [1] (the root's position), from its
-        predicted feature `state` [1, H] there: `top_k` children of each of the `expand` likeliest nodes of the
-        level above, level by level."""
-        cache, tree, levels = self.cache, self.tree, self.drafter.num_heads
-        device = state.device
+        predicted feature `state` [1, H] there. It reads each level's expanded nodes at the position after their
+        parents', their keys in the scratch slots after the text's, each seeing the text and the draft slots on
+        its own path; its outputs score their children."""
+        cache, device = self.cache, state.device
         text_visible = torch.arange(cache.slots, device=device) < length  # [slots]; scratch slots are >= length
-        states, path_scores = state, torch.zeros(1, device=device)
-        path_ids = torch.full((1,), -1, dtype=torch.long, device=device)  # candidate ids of the expanded (-1: root)
-        drafted = torch.zeros((1, cache.slots), dtype=torch.bool, device=device)  # the draft slots of each one's path
-        tokens, scores, parents, depths = [], [], [], []
-        scored, slot = 0, cache.capacity
-        for level in range(levels):
-            log_probs = self.drafter.project(states, self.lm_head).float().log_softmax(-1)
-            top_log_probs, top_index = log_probs.topk(tree.top_k, dim=-1)  # [expanded, top_k]
-            level_tokens = self.drafter.token_ids(top_index).flatten()
-            level_scores = _below(path_scores.unsqueeze(1), top_log_probs).flatten()
-            tokens.append(level_tokens)
-            scores.append(level_scores)
-            parents.append(path_ids.repeat_interleave(tree.top_k))
-            depths.append(torch.full_like(level_tokens, level + 1))
-            if level + 1 < levels:
-                keep = level_scores.topk(min(tree.expand, level_scores.shape[0])).indices
-                width, parent = keep.shape[0], keep // tree.top_k
-                slots = torch.arange(slot, slot + width, device=device)
-                drafted = drafted.index_select(0, parent)
-                drafted[torch.arange(width, device=device), slots] = True
-                positions = (length + level).expand(width)
-                states = read_positions(self.drafter, self.embeddings, cache, level_tokens[keep],
-                                        states.index_select(0, parent), positions, slots,
-                                        text_visible | drafted, self.attention)
-                path_scores, path_ids, slot = level_scores[keep], scored + keep, slot + width
-            scored += level_scores.shape[0]
-        return Candidates(*map(torch.cat, (tokens, scores, parents, depths)))
+        widths = expanded_widths(self.tree, self.drafter.num_heads)
+
+        def log_probs(drafted: tuple, level: int) -> torch.Tensor:
+            return self.drafter.project(drafted[0], self.lm_head).float().log_softmax(-1)
+
+        def expand(drafted: tuple, level: int, parent: torch.Tensor, tokens: torch.Tensor) -> tuple:
+            states, on_path = drafted  # outputs [expanded, H], draft slots on each one's path [expanded, slots]
+            first = cache.capacity + sum(widths[:level])
+            slots = torch.arange(first, first + parent.shape[0], device=device)
+            on_path = on_path.index_select(0, parent)
+            on_path[torch.arange(parent.shape[0], device=device), slots] = True
+            states = read_positions(self.drafter, self.embeddings, cache, tokens, states.index_select(0, parent),
+                                    (length + level).expand(parent.shape[0]), slots, text_visible | on_path,
+                                    self.attention)
+            return states, on_path
+
+        start = (state, torch.zeros((1, cache.slots), dtype=torch.bool, device=device))
+        return score_levels(self.tree, self.drafter.num_heads, start, log_probs, expand, self.drafter.token_ids, device)

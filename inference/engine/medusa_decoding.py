@@ -196,7 +196,10 @@ class DynamicTreeDrafter:
         return ("candidates", self.tree.top_k, self.tree.expand)
 
     def carried(self, carry: Carry) -> Candidates:
-        return score_candidates(self.heads, self.embeddings, self.lm_head, carry.hidden, carry.root, self.tree)
+        return self._candidates(carry.root, carry.hidden)
+
+    def _candidates(self, root: torch.Tensor, hidden: torch.Tensor) -> Candidates:
+        return score_candidates(self.heads, self.embeddings, self.lm_head, hidden, root, self.tree)
 
     def from_hidden(self, root: torch.Tensor, hidden: torch.Tensor, chain: Chain | None = None) -> Draft:
         """The step after the position whose hidden state is `hidden` [1, H] and whose next token is `root` [1]."""
@@ -205,8 +208,7 @@ class DynamicTreeDrafter:
     def carry_after(self, carry: Carry, verified: Verified) -> tuple[Candidates, torch.Tensor]:
         """The next step's candidates, scored now, and their probabilities, highest first: the host reads them in
         this step's one transfer and chooses the next step's size from them."""
-        candidates = score_candidates(self.heads, self.embeddings, self.lm_head, verified.hidden, verified.root,
-                                      self.tree)
+        candidates = self._candidates(verified.root, verified.hidden)
         return candidates, candidates.scores.exp().sort(descending=True).values
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:

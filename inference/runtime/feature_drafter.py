@@ -23,7 +23,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from inference.engine.forward import rotary
-from inference.runtime.medusa_heads import DraftVocabulary, MedusaConfig, MedusaLoadError
+from inference.runtime.drafter_config import DraftVocabulary, MedusaConfig, MedusaLoadError
 
 LAYER_FIELDS = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "attention_bias",
                 "rms_norm_eps", "hidden_act")
@@ -94,9 +94,6 @@ class FeatureDrafter(DraftVocabulary, nn.Module):
         self.init_draft_vocab(config)
 
     num_heads = property(lambda self: self.config.medusa_num_heads)  # levels drafted, as many as heads elsewhere
-    own_lm_head = False
-    reads_tokens = True
-    sequential = True
     propose_after_verification = True  # it drafts from the accepted text's features, known after verification
 
     def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -35,95 +35,21 @@ heads inside the model's own safetensors as `medusa_head.{i}...` keys and the Me
 
 import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from inference.runtime.drafter_config import (HEAD_INPUTS, LAYOUTS, MEDUSA_HEAD_INPUTS, DraftVocabulary,  # noqa: F401
+                                              MedusaConfig, MedusaLoadError)
+from inference.runtime.feature_drafter import FeatureDrafter
 from inference.runtime.outputs import replace_atomic, write_atomic
-from medusa_choices import DynamicTree, Tree, TreeError, ranks_taken
 
-LAYOUTS = ("shared_lm_head", "own_lm_head")
-HEAD_INPUTS = ("hidden", "hidden_and_next_token", "hidden_and_path", "features")
 HEADS_WEIGHTS = "medusa_lm_head.safetensors"
 HEADS_WEIGHTS_PT = "medusa_lm_head.pt"
 COMBINED_CONFIG = "medusa_config.json"
 ONE_CHECKPOINT_PREFIX = "medusa_head."
 LAYOUTS_ON_DISK = ("heads", "combined", "one_checkpoint")
-
-
-class MedusaLoadError(ValueError):
-    """Heads that do not fit the base model, or files that are missing or malformed."""
-
-
-@dataclass
-class MedusaConfig:
-    medusa_num_heads: int
-    medusa_num_layers: int = 1
-    medusa_head_layout: str = "shared_lm_head"
-    hidden_size: int | None = None
-    vocab_size: int | None = None
-    base_model_name_or_path: str | None = None
-    medusa_choices: str | list | None = None  # the tree these heads were tuned with
-    medusa_head_input: str = "hidden"
-    medusa_draft_vocab_size: int | None = None  # proposals only from these most frequent tokens
-    # acc[i][r]: how often head i's rank-r proposal is right on held-out data (train/medusa_tree_builder.py)
-    medusa_head_accuracy: list | None = None
-    medusa_feature_layer: dict | None = None  # the feature drafter's decoder layer (inference/runtime/feature_drafter.py)
-
-    def __post_init__(self):
-        for name in ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size", "medusa_draft_vocab_size"):
-            value = getattr(self, name)
-            optional = name not in ("medusa_num_heads", "medusa_num_layers")
-            if not (isinstance(value, int) and not isinstance(value, bool)) and not (optional and value is None):
-                raise MedusaLoadError(f"{name} must be an integer, not {value!r}")
-        for name in ("medusa_head_layout", "medusa_head_input"):
-            if not isinstance(getattr(self, name), str):
-                raise MedusaLoadError(f"{name} must be a string, not {getattr(self, name)!r}")
-        if self.medusa_choices is not None and not isinstance(self.medusa_choices, (str, list)):
-            raise MedusaLoadError(f"medusa_choices must be a tree name or a list of rank paths, not {self.medusa_choices!r}")
-        if self.medusa_head_accuracy is not None:
-            check_accuracy_table(self.medusa_head_accuracy)
-        if self.medusa_head_layout not in LAYOUTS:
-            raise MedusaLoadError(f"medusa_head_layout must be one of {LAYOUTS}, not {self.medusa_head_layout!r}")
-        if self.medusa_head_input not in HEAD_INPUTS:
-            raise MedusaLoadError(f"medusa_head_input must be one of {HEAD_INPUTS}, not {self.medusa_head_input!r}")
-        if self.medusa_num_heads < 1 or self.medusa_num_layers < 0:
-            raise MedusaLoadError("medusa_num_heads must be >= 1 and medusa_num_layers >= 0")
-        if (self.medusa_feature_layer is not None) != (self.medusa_head_input == "features"):
-            raise MedusaLoadError("medusa_feature_layer describes a feature drafter's layer: it goes with "
-                                  "medusa_head_input 'features', and only there")
-        if self.medusa_draft_vocab_size is not None:
-            if self.medusa_head_layout != "shared_lm_head":
-                raise MedusaLoadError("a draft vocabulary needs shared_lm_head heads")
-            if self.medusa_draft_vocab_size < 1:
-                raise MedusaLoadError("medusa_draft_vocab_size must be >= 1")
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MedusaConfig":
-        if "medusa_num_heads" not in data:
-            raise MedusaLoadError("the Medusa config has no medusa_num_heads")
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        # Upstream Medusa configs predate layouts: their heads always carry their own lm_head.
-        fields.setdefault("medusa_head_layout", "own_lm_head")
-        return cls(**fields)
-
-    def to_dict(self) -> dict:
-        """Fields that are set; the default head input is left out so upstream-style configs stay upstream's."""
-        data = {k: v for k, v in asdict(self).items() if v is not None}
-        if data["medusa_head_input"] == "hidden":
-            del data["medusa_head_input"]
-        return data
-
-
-def check_accuracy_table(table) -> None:
-    """`medusa_head_accuracy` as the tree builder writes it: per head, per rank, a fraction in [0, 1]."""
-    rows_ok = isinstance(table, list) and table and all(isinstance(row, list) and row for row in table)
-    if not rows_ok or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1
-                              for row in table for a in row):
-        raise MedusaLoadError("medusa_head_accuracy must be a non-empty list (one per head) of non-empty lists of "
-                              f"fractions in [0, 1] (per rank), as train/medusa_tree_builder.py writes it; got {table!r:.80}")
 
 
 class ResBlock(nn.Module):
@@ -155,48 +81,11 @@ def tokens_read_by(head_input: str, head: int) -> int:
     return {"hidden": 0, "hidden_and_next_token": 1, "hidden_and_path": head + 1}[head_input]
 
 
-class DraftVocabulary:
-    """What every drafter shares about the tokens it proposes: the whole vocabulary, or a draft vocabulary (the
-    `draft_vocab` buffer) scored through those rows of the shared lm_head."""
-
-    def init_draft_vocab(self, config: MedusaConfig) -> None:
-        if config.medusa_draft_vocab_size is not None:
-            self.register_buffer("draft_vocab", torch.zeros(config.medusa_draft_vocab_size, dtype=torch.long))
-        else:
-            self.draft_vocab = None
-
-    @property
-    def proposal_size(self) -> int:
-        """How many tokens the heads rank: their draft vocabulary's, else the whole vocabulary."""
-        return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)
-
-    def check_ranks(self, tree: Tree | DynamicTree) -> None:
-        """A tree that takes the heads' top k proposals somewhere must find that many ranked tokens."""
-        top_k = ranks_taken(tree)
-        if top_k > self.proposal_size:
-            raise TreeError(f"the tree takes the heads' top {top_k} proposals, but they rank only "
-                            f"{self.proposal_size} tokens{' (their draft vocabulary)' if self.draft_vocab is not None else ''}")
-
-    def proposal_lm_head(self, lm_head: nn.Linear) -> nn.Linear:
-        """The projection proposals are scored with: the shared lm_head cut to the draft vocabulary (a copy:
-        build it once, not per step), or the lm_head itself. Map its output indices back with `token_ids`."""
-        if self.draft_vocab is None:
-            return lm_head
-        rows = nn.Linear(lm_head.in_features, len(self.draft_vocab), bias=False, device="meta")
-        weight = lm_head.weight.detach().index_select(0, self.draft_vocab.to(lm_head.weight.device))
-        rows.weight = nn.Parameter(weight, requires_grad=False)
-        return rows
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Token ids of indices into the `proposal_lm_head` output."""
-        return indices if self.draft_vocab is None else self.draft_vocab[indices]
-
-
 class MedusaHeads(DraftVocabulary, nn.ModuleList):
     """The list of heads; its state_dict keys are the upstream file format (`{i}.{j}.linear.weight`)."""
 
     def __init__(self, config: MedusaConfig, hidden_size: int, vocab_size: int):
-        if config.medusa_head_input not in HEAD_INPUTS[:3]:
+        if config.medusa_head_input not in MEDUSA_HEAD_INPUTS:
             raise MedusaLoadError(f"{config.medusa_head_input!r} is not a Medusa head input (build_heads makes that drafter)")
         own = config.medusa_head_layout == "own_lm_head"
         reads = [tokens_read_by(config.medusa_head_input, i) for i in range(config.medusa_num_heads)]
@@ -360,8 +249,6 @@ def load_heads(directory: str | os.PathLike, hidden_size: int, vocab_size: int) 
 def build_heads(config: MedusaConfig, hidden_size: int, vocab_size: int) -> nn.Module:
     """Untrained heads of `config`: Medusa heads, or the feature drafter for `medusa_head_input` "features"."""
     if config.medusa_head_input == "features":
-        from inference.runtime.feature_drafter import FeatureDrafter
-
         return FeatureDrafter(config, hidden_size, vocab_size)
     return MedusaHeads(config, hidden_size, vocab_size)
 

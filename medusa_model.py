@@ -267,15 +267,16 @@ class MedusaModel(nn.Module):
         return eos_ids(self.base_model.generation_config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None))
 
     def decode(self, request: DecodeRequest, acceptance: Acceptance | None = None,
-               stats: DecodeStats | None = None, tree: Tree | DynamicTree | None = None) -> Iterator[list[int]]:
-        """Each step's new ids: Medusa with `tree` (default: the chosen one, each step checked against real steps),
-        or plain decoding where none was chosen."""
+               stats: DecodeStats | None = None, tree: Tree | DynamicTree | None = None,
+               scheduled: bool = True) -> Iterator[list[int]]:
+        """Each step's new ids: Medusa with `tree` (default: the chosen one, each step checked against real steps
+        unless `scheduled` is False), or plain decoding where none was chosen."""
         tree = tree or self.tree
         if tree is None:
             return self.plain_decoder.decode(request, stats)
         acceptance = acceptance or Acceptance(default_rule(request.sampling.temperature))
-        return self.decoder.decode(request, self.schedule if tree is self.tree and self.schedule else tree,
-                                   acceptance, stats)
+        schedule = self.schedule if tree is self.tree and scheduled else None
+        return self.decoder.decode(request, schedule or tree, acceptance, stats)
 
     def medusa_generate(self, input_ids, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                         acceptance: str | None = None, posterior_threshold: float = 0.09,

@@ -58,9 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline_dtype", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
                         help="plain decoding's dtype: auto (every dtype of the device that fits, the fastest in this run "
                         "counts; --dtype's where that is given, which sets both sides) or bf16 | fp16 | fp32")
-    parser.add_argument("--schedule", choices=("adaptive", "fixed"), default="adaptive",
+    parser.add_argument("--schedule", choices=("adaptive", "fixed", "both"), default="adaptive",
                         help="adaptive (default): each Medusa step runs the tree size, or plain step, that real steps "
-                        "show fastest; fixed: the runtime's first choice at every step (to compare)")
+                        "show fastest; fixed: the runtime's first choice at every step; both: the two interleaved per "
+                        "prompt in this run, each reported (the table's Medusa columns are the adaptive one)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
     return parser.parse_args(argv)
@@ -104,6 +105,20 @@ def timed(decode, device) -> tuple[list[int], DecodeStats, float, float]:
     return ids, stats, end - start - stats.compile_seconds, end - first - stats.compile_seconds
 
 
+def medusa_fields(samples: list[tuple]) -> dict:
+    """A row's Medusa figures from its timed runs [(seconds, decode seconds, ids, stats)]: median times, the
+    first run's counts."""
+    ids, stats = samples[0][2], samples[0][3]
+    return {
+        "tokens": len(ids),
+        "medusa_seconds": statistics.median(s[0] for s in samples),
+        "medusa_decode_seconds": statistics.median(s[1] for s in samples),
+        "medusa_steps": stats.steps,
+        "medusa_step_sizes": {str(k): v for k, v in sorted(stats.step_sizes.items())},
+        "medusa_switches": stats.switches,
+    }
+
+
 def summarise(rows: list[dict]) -> dict:
     """Aggregate per-prompt medians: totals over prompts, so long answers weigh as they cost. Each side's
     rate is its own tokens over its own time."""
@@ -128,6 +143,11 @@ def summarise(rows: list[dict]) -> dict:
         "step_sizes": step_sizes(rows),
         "switches": sum(r["medusa_switches"] for r in rows),
     }
+
+
+def schedule_rows(rows: list[dict], schedule: str) -> list[dict]:
+    """The rows as if `schedule`'s Medusa runs were the only ones (`--schedule both` times each)."""
+    return [{**row, **row["schedules"][schedule]} for row in rows]
 
 
 def step_sizes(rows: list[dict]) -> dict[str, int]:
@@ -163,6 +183,10 @@ def print_table(results: dict, file=None) -> None:
     compiling = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in config["compile_seconds"].items() if seconds)
     if compiling:
         print(f"compiling (left out of the rates): {compiling}", file=file)
+    for r in results.get("by_schedule", []):
+        print(f"schedule {r['schedule']:>8}: medusa {r['medusa_tokens_per_second']:.2f} tok/s, {r['speedup']:.3f}x, "
+              f"tau {r['tokens_per_step']:.3f}, step sizes {r['step_sizes']}, identical {r['outputs_identical']:.2f}",
+              file=file)
     if len(results["by_category"]) > 1:
         print(f"\n{'category':>14} {'prompts':>7} {'speedup':>8} {'tau':>6}", file=file)
         for r in results["by_category"]:
@@ -227,8 +251,10 @@ def run(args: argparse.Namespace) -> dict:
     medusa = MedusaModel.from_pretrained(args.base_model, args.medusa_dir, resolve_device(args.device),
                                          parse_dtype(args.dtype), args.medusa_choices, args.compile)
     runtime, tokenizer = medusa.runtime, medusa.tokenizer
-    if args.schedule == "fixed":
-        medusa.schedule = None
+    schedules = ("adaptive", "fixed") if args.schedule == "both" else (args.schedule,)
+    if len(schedules) > 1 and medusa.schedule is None:
+        raise UserError("--schedule both: this Medusa run has no per-step choice to compare (a tree was given or "
+                        "plain decoding was chosen); use --medusa_choices auto")
     model = medusa.base_model
     device = model.device
     # Plain decoding in each of its dtypes (a copy where that differs from Medusa's), eager and captured; the
@@ -248,21 +274,26 @@ def run(args: argparse.Namespace) -> dict:
     def plain(name, request):
         return lambda stats: plain_models[name].decode(request, stats)
 
-    def spec(request):
-        return lambda stats: medusa.decode(request, stats=stats)
+    def spec(request, schedule):
+        return lambda stats: medusa.decode(request, stats=stats, scheduled=schedule == "adaptive")
+
+    def medusa_side(schedule):
+        return "medusa" if schedule == schedules[0] else f"medusa {schedule}"
 
     compile_seconds = defaultdict(float)
     warm = DecodeRequest(ids[0], 16, eos)
-    for name, decode in [(name, plain(name, warm)) for name in plain_models] + [("medusa", spec(warm))]:
+    warm_ups = [(name, plain(name, warm)) for name in plain_models] + [(medusa_side(s), spec(warm, s)) for s in schedules]
+    for name, decode in warm_ups:
         compile_seconds[name] += timed(decode, device)[1].compile_seconds
     rows = []
-    sides = len(plain_models) + 1
+    sides = len(plain_models) + len(schedules)
     progress = tqdm(total=len(lengths) * len(prompts) * args.runs * sides, desc="benchmark", unit="run", file=sys.stderr)
     for length in lengths:
         for prompt, prompt_ids_ in zip(prompts, ids):
             request = DecodeRequest(prompt_ids_, length, eos)
             samples = defaultdict(list)
-            order = [("medusa", spec(request))] + [(name, plain(name, request)) for name in plain_models]
+            order = [(medusa_side(s), spec(request, s)) for s in schedules] + \
+                [(name, plain(name, request)) for name in plain_models]
             for run_index in range(args.runs):
                 for name, decode in order if run_index % 2 == 0 else order[::-1]:
                     out, stats, total, decode_s = timed(decode, device)
@@ -270,43 +301,48 @@ def run(args: argparse.Namespace) -> dict:
                     samples[name].append((total, decode_s, out, stats))
                     progress.update()
             med_out = samples["medusa"][0][2]
-            rows.append({
+            row = {
                 "max_new_tokens": length,
                 "category": prompt["category"],
-                "tokens": len(med_out),
-                "medusa_seconds": statistics.median(s[0] for s in samples["medusa"]),
-                "medusa_decode_seconds": statistics.median(s[1] for s in samples["medusa"]),
-                "medusa_steps": samples["medusa"][0][3].steps,
-                "medusa_step_sizes": {str(k): v for k, v in sorted(samples["medusa"][0][3].step_sizes.items())},
-                "medusa_switches": samples["medusa"][0][3].switches,
+                **medusa_fields(samples["medusa"]),
                 "plain": {name: {"tokens": len(samples[name][0][2]),
                                  "identical": samples[name][0][2] == med_out,
                                  "seconds": statistics.median(s[0] for s in samples[name]),
                                  "decode_seconds": statistics.median(s[1] for s in samples[name])}
                           for name in plain_models},
-            })
+            }
+            if len(schedules) > 1:
+                row["schedules"] = {s: {**medusa_fields(samples[medusa_side(s)]),
+                                        "same_as_plain": {name: samples[name][0][2] == samples[medusa_side(s)][0][2]
+                                                          for name in plain_models}}
+                                    for s in schedules}
+            rows.append(row)
     rates = plain_rates(rows)
     baseline_dtype = fastest_baseline(rates)
     for row in rows:
         base = row["plain"][baseline_dtype]
         row.update(baseline_tokens=base["tokens"], identical=base["identical"], baseline_seconds=base["seconds"],
                    baseline_decode_seconds=base["decode_seconds"])
+        for entry in row.get("schedules", {}).values():
+            entry["identical"] = entry["same_as_plain"][baseline_dtype]
     progress.close()
     results = summarise(rows)
     results["by_length"] = [{"max_new_tokens": n, **summarise([r for r in rows if r["max_new_tokens"] == n])}
                             for n in lengths]
     categories = sorted({r["category"] for r in rows})
     results["by_category"] = [{"category": c, **summarise([r for r in rows if r["category"] == c])} for c in categories]
+    if len(schedules) > 1:
+        results["by_schedule"] = [{"schedule": s, **summarise(schedule_rows(rows, s))} for s in schedules]
     results["config"] = {
         "command": " ".join(sys.argv),
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),
         "device": str(device), "hardware": hardware_description(device), "threads": torch.get_num_threads(),
         "baseline_dtype": baseline_dtype, "medusa_dtype": dtype_name(runtime.dtype), "tree_tokens": runtime.tree_tokens,
         "graph_mode": runtime.graph_mode,
-        "compile_seconds": {name: round(compile_seconds[name], 1) for name in ["medusa", *plain_models]},
+        "compile_seconds": {name: round(compile_seconds[name], 1) for name in [*map(medusa_side, schedules), *plain_models]},
         "plain_tokens_per_second": {name: round(rate, 3) for name, rate in rates.items()},
         "choice": runtime.reason, "heads": medusa.medusa_head.num_heads, "schedule": args.schedule,
-        "step_options": [o.tokens for o in runtime.options] if args.schedule == "adaptive" else [],
+        "step_options": [o.tokens for o in runtime.options] if "adaptive" in schedules else [],
         "runs": args.runs, "ignore_eos": args.ignore_eos, "prompts": len(prompts),
     }
     results["rows"] = rows

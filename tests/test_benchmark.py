@@ -102,6 +102,45 @@ def test_by_default_medusa_at_its_choice_runs_against_the_fastest_plain_dtype_of
     assert list(results["step_sizes"]) == [str(results["config"]["tree_tokens"])] and results["switches"] == 0
 
 
+def test_both_schedules_run_side_by_side_in_one_run_each_reported(tiny_pangu, tmp_path, monkeypatch, capsys):
+    import medusa_model
+    from inference.runtime.calibration import StepProfile
+
+    directory, model = tiny_pangu
+    heads = random_heads(model, num_heads=2)
+    heads.config.medusa_head_accuracy = [[0.6, 0.2], [0.5, 0.1]]
+    save_heads(heads, tmp_path / "heads")
+    # the profile says 5-token trees pay; the tiny model's real steps cost about the same whatever their size
+    profile = StepProfile({torch.float32: 30.0}, {torch.float32: {2: 12.5, 5: 13.0}})
+    monkeypatch.setattr(medusa_model, "step_profile", lambda *args: profile)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')
+    out = tmp_path / "bench.json"
+    assert benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"), "--prompts",
+                           str(prompts), "--max_new_tokens", "24", "--runs", "1", "--ignore_eos", "--out", str(out),
+                           "--dtype", "fp32", "--compile", "off", "--schedule", "both"]) == 0
+    results = json.loads(out.read_text())
+    adaptive, fixed = results["by_schedule"]
+    assert (adaptive["schedule"], fixed["schedule"]) == ("adaptive", "fixed")
+    tree = results["config"]["tree_tokens"]
+    assert list(fixed["step_sizes"]) == [str(tree)] and fixed["switches"] == 0
+    assert len(adaptive["step_sizes"]) > 1  # the schedule probed its other options
+    # the table's Medusa columns are the adaptive runs', the fixed runs were timed beside them
+    assert {k: results[k] for k in ("speedup", "step_sizes")} == {k: adaptive[k] for k in ("speedup", "step_sizes")}
+    assert fixed["medusa_tokens_per_second"] != adaptive["medusa_tokens_per_second"]
+    assert adaptive["outputs_identical"] == fixed["outputs_identical"] == 1.0
+    assert set(results["config"]["compile_seconds"]) == {"medusa", "medusa fixed", "fp32"}
+    assert "schedule    fixed:" in capsys.readouterr().out
+
+
+def test_both_schedules_need_a_per_step_choice(tiny_pangu, tmp_path):
+    directory, model = tiny_pangu
+    save_heads(random_heads(model, num_heads=2), tmp_path / "heads")
+    assert benchmark.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "heads"), "--max_new_tokens",
+                           "8", "--runs", "1", "--dtype", "fp32", "--compile", "off", "--medusa_choices", "chain_2",
+                           "--schedule", "both"]) == 2
+
+
 def test_the_baseline_is_the_plain_dtype_fastest_over_all_prompts_together():
     rows = [{"plain": {"bf16": {"tokens": 10, "seconds": 1.0}, "fp32": {"tokens": 10, "seconds": 0.5}}},
             {"plain": {"bf16": {"tokens": 100, "seconds": 2.0}, "fp32": {"tokens": 100, "seconds": 4.0}}}]

@@ -7,13 +7,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inference.engine.decoding import DecodeRequest, DecodeStats
+from inference.engine.feature_drafting import FeatureTreeDrafter
 from inference.engine.medusa_decoding import MedusaDecoder
 from inference.runtime.feature_drafter import FeatureDrafter
 from inference.runtime.medusa_heads import MedusaLoadError, load_heads, save_heads
 from inference.runtime.vllm_export import VllmExportError, eagle_parameter_names, export_vllm
 from medusa_choices import DynamicTree, TreeError, load_tree
 from medusa_helpers import ScriptedSchedule, fit_feature_drafter, hf_greedy, random_heads, random_prompts
-from train.feature_drafter_training import DrafterLoss, base_features, collate, depth_accuracy, feature_samples
+from train.feature_drafter_training import (DrafterLoss, base_features, causal_attention, collate, depth_accuracy,
+                                            feature_samples)
 
 NEW_TOKENS = 64
 CHAIN = DynamicTree(4, top_k=1, expand=1, lookup=0)
@@ -63,6 +65,52 @@ def test_plain_steps_keep_the_drafters_cache_whole(tiny, fitted):
     tree_steps = mixed.steps - mixed.step_sizes[1]
     tokens_in_tree_steps = mixed.new_tokens - len(prompts) - mixed.step_sizes[1]
     assert mixed.step_sizes[1] > 50 and tokens_in_tree_steps / tree_steps >= 0.9 * alone.tokens_per_step
+
+
+def teacher_forced_chain(model, drafter, text: list[int], root_at: int) -> tuple[list[int], list[float]]:
+    """The drafter's top-1 chain below the root `text[root_at]` and its path log-probabilities, the long way: one
+    whole-sequence causal pass per level (as training reads text), over the base features of the text before the
+    root and then the drafter's own predicted features, no cache, no tree mask."""
+    embeddings, proposals = model.get_input_embeddings(), drafter.proposal_lm_head(model.lm_head)
+    tokens, chain, scores, total = list(text[: root_at + 1]), [], [], 0.0
+    with torch.no_grad():
+        features = model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0, :root_at]
+        for _ in range(drafter.num_heads):
+            cos, sin = (t[0] for t in model.model.rotary_emb(features, torch.arange(len(features)).unsqueeze(0)))
+            predicted = drafter(embeddings(torch.tensor(tokens[1:])), features, cos, sin, causal_attention)[-1]
+            log_probs = proposals(predicted).float().log_softmax(-1)
+            best = int(log_probs.argmax())
+            total += float(log_probs[best])
+            token = int(drafter.token_ids(torch.tensor(best)))
+            tokens, chain, scores = tokens + [token], chain + [token], scores + [total]
+            features = torch.cat([features, predicted.unsqueeze(0)])
+    return chain, scores
+
+
+def test_every_draft_is_the_chain_that_teacher_forcing_over_the_accepted_text_gives(tiny, fitted, monkeypatch):
+    """After the prompt, each verification and each plain step, the drafter's cache holds what reading the accepted
+    text afresh gives, and its draft slots what reading its own chain does: the right features, tokens and
+    positions, whatever acceptance the drafter reaches on this model."""
+    model, prompts, _ = tiny
+    drafted = []
+    score = FeatureTreeDrafter.score
+
+    def recording(self, state, length):
+        candidates = score(self, state, length)
+        drafted.append((int(length), candidates.tokens.tolist(), candidates.scores.tolist()))
+        return candidates
+
+    monkeypatch.setattr(FeatureTreeDrafter, "score", recording)
+    decoder = MedusaDecoder(model, fitted)
+    for prompt in prompts[:2]:
+        text = prompt + hf_greedy(model, prompt, NEW_TOKENS + 8)
+        drafted.clear()
+        assert decode_ids(decoder, prompt, ScriptedSchedule([CHAIN, None, CHAIN])) == text[len(prompt):][:NEW_TOKENS]
+        assert len({length for length, *_ in drafted}) > 10
+        for root_at, chain, scores in drafted:
+            expected_chain, expected_scores = teacher_forced_chain(model, fitted, text, root_at)
+            assert chain == expected_chain, root_at
+            assert scores == pytest.approx(expected_scores, abs=1e-4), root_at
 
 
 def test_trees_of_other_sizes_share_the_drafters_candidates(tiny, fitted):

@@ -16,10 +16,12 @@ from inference.engine.medusa_decoding import MedusaDecoder
 from inference.runtime.errors import UserError
 from inference.runtime.loading import load_causal_lm
 from inference.runtime.outputs import exclusive
+from inference.runtime.feature_drafter import FeatureDrafter
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
 from medusa_model import load_heads, save_heads
-from train import distilled_answers, draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder, train_medusa
+from train import (distilled_answers, draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder,
+                   train_feature_drafter, train_medusa)
 from train import medusa_training
 from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
                                    most_frequent_tokens, read_samples, soft_cross_entropy)
@@ -250,6 +252,45 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
     assert all(1 <= v <= 4 for v in held_out.values())
     saved = f"dynamic:{built['budget']}" if held_out.get("dynamic", 0) > held_out["tree"] else built["tree"]
     assert json.loads((out / "config.json").read_text())["medusa_choices"] == saved
+
+
+@pytest.mark.parametrize("features", ["cached", "online"])
+def test_feature_drafter_training_saves_a_drafter_the_tree_builder_and_medusa_generate_read(distilled, tmp_path, capsys,
+                                                                                            monkeypatch, features):
+    directory, data = distilled
+    cache = tmp_path / "features.pt"
+    options = ["--features_cache", str(cache)] if features == "cached" else ["--online_features", "--unroll", "2"]
+    common = ["--base_model", str(directory), "--data", str(data), "--levels", "3", "--epochs", "2",
+              "--tokens_per_batch", "256", "--dtype", "fp32", "--draft_vocab_size", "20", *options]
+    out = tmp_path / "drafter"
+    assert train_feature_drafter.main(common + ["--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    drafter = load_heads(out, config["hidden_size"], config["vocab_size"])
+    assert isinstance(drafter, FeatureDrafter) and drafter.num_heads == 3 and len(drafter.draft_vocab) == 20
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["held_out_samples"] == 1 and report["steps"] > 2 and len(report["held_out_accuracy"]) == 3
+    if features == "cached":  # a second run reads the features it kept and trains the same drafter
+        def recomputed(*args, **kwargs):
+            raise AssertionError("features recomputed despite the cache")
+
+        monkeypatch.setattr(train_feature_drafter, "base_features", recomputed)
+        assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again")]) == 0
+        again = load_heads(tmp_path / "again", config["hidden_size"], config["vocab_size"])
+        assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
+        monkeypatch.undo()
+
+    tree_file = tmp_path / "tree.json"
+    assert medusa_tree_builder.main(["--base_model", str(directory), "--heads", str(out), "--data", str(data),
+                                     "--out", str(tree_file), "--nodes", "6", "--budgets", "2,4", "--dtype", "fp32",
+                                     "--save_in_heads"]) == 0
+    built = json.loads(tree_file.read_text())
+    assert load_tree(built["tree"]) == load_tree("dynamic:6") and [c["budget"] for c in built["candidates"]] == [2, 4]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["medusa_choices"] == built["tree"] and saved["medusa_head_accuracy"] == built["head_rank_accuracy"]
+    assert len(built["head_rank_accuracy"]) == 3
+    assert medusa_generate.main(["--base_model", str(directory), "--medusa_dir", str(out), "--prompt", "hi",
+                                 "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
 def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_each_target(distilled, tiny_pangu):

@@ -15,7 +15,7 @@ in fp32 when both sides run in the same dtype).
 Metrics: tokens/s of each side from its own tokens and time, speed-up = ratio of those rates; tau = tokens per Medusa verification step (prefill excluded);
 ms per Medusa step and ms per plain token (decode phase only); overhead = step time / token time; step_sizes =
 how many Medusa steps verified each number of tokens (1: a plain step the schedule chose), switches = how often
-it changed its choice.
+it changed its choice. --profile_phases splits each side's ms per step into its phases.
 """
 
 import argparse
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
+from inference.engine.phases import CAPTURED, PHASES, PhaseClock
 from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
 from inference.runtime.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
@@ -62,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="adaptive (default): each Medusa step runs the tree size, or plain step, that real steps "
                         "show fastest; fixed: the runtime's first choice at every step; both: the two interleaved per "
                         "prompt in this run, each reported (the table's Medusa columns are the adaptive one)")
+    parser.add_argument("--profile_phases", action="store_true",
+                        help="also time each side's step phases (drafting, forward, acceptance and KV keep, host; a "
+                        "captured step is one phase) and print ms per step of each beside the measured ms per step. "
+                        "On an accelerator each phase ends with a device synchronisation, so that run's rates run slow")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--plot", help="write a PNG of speed-up and tau against length (default: next to --out)")
     return parser.parse_args(argv)
@@ -87,10 +92,10 @@ def load_benchmark_prompts(path: str | None, limit: int | None) -> list[dict]:
     return items
 
 
-def timed(decode, device) -> tuple[list[int], DecodeStats, float, float]:
+def timed(decode, device, profile: bool = False) -> tuple[list[int], DecodeStats, float, float]:
     """(ids, stats, total seconds, decode-phase seconds after the first token), device-synchronised, both
-    without the seconds spent compiling."""
-    stats = DecodeStats()
+    without the seconds spent compiling; `profile`: the stats time the step phases too."""
+    stats = DecodeStats(phases=PhaseClock(device) if profile else None)
     ids: list[int] = []
     synchronize(device)
     start = time.perf_counter()
@@ -116,6 +121,21 @@ def medusa_fields(samples: list[tuple]) -> dict:
         "medusa_steps": stats.steps,
         "medusa_step_sizes": {str(k): v for k, v in sorted(stats.step_sizes.items())},
         "medusa_switches": stats.switches,
+    }
+
+
+def phase_split(samples: list[tuple]) -> dict:
+    """Per side, over the rows' first runs [(decode seconds, stats)]: ms per step of each phase beside the
+    measured ms per step (the two differ by what no phase covers: the first token's emit, the clock itself)."""
+    steps = sum(stats.steps for _, stats in samples)
+    seconds = Counter()
+    for _, stats in samples:
+        seconds.update(stats.phases.seconds)
+        seconds[CAPTURED] -= stats.compile_seconds  # a recompile inside a timed run is not a step's cost
+    return {
+        "steps": steps,
+        "ms_per_step": round(1000 * sum(decode for decode, _ in samples) / max(steps, 1), 3),
+        "phases": {phase: round(1000 * seconds[phase] / max(steps, 1), 3) for phase in PHASES if seconds[phase] > 0},
     }
 
 
@@ -187,6 +207,9 @@ def print_table(results: dict, file=None) -> None:
         print(f"schedule {r['schedule']:>8}: medusa {r['medusa_tokens_per_second']:.2f} tok/s, {r['speedup']:.3f}x, "
               f"tau {r['tokens_per_step']:.3f}, step sizes {r['step_sizes']}, identical {r['outputs_identical']:.2f}",
               file=file)
+    for side, split in results.get("phases", {}).items():
+        phases = ", ".join(f"{phase} {ms:.2f}" for phase, ms in split["phases"].items())
+        print(f"phases {side}: {phases} ms/step (measured {split['ms_per_step']:.2f} ms/step)", file=file)
     if len(results["by_category"]) > 1:
         print(f"\n{'category':>14} {'prompts':>7} {'speedup':>8} {'tau':>6}", file=file)
         for r in results["by_category"]:
@@ -286,6 +309,7 @@ def run(args: argparse.Namespace) -> dict:
     for name, decode in warm_ups:
         compile_seconds[name] += timed(decode, device)[1].compile_seconds
     rows = []
+    first_runs = defaultdict(list)  # side -> [(decode seconds, stats)] of each row's first run
     sides = len(plain_models) + len(schedules)
     progress = tqdm(total=len(lengths) * len(prompts) * args.runs * sides, desc="benchmark", unit="run", file=sys.stderr)
     for length in lengths:
@@ -296,7 +320,7 @@ def run(args: argparse.Namespace) -> dict:
                 [(name, plain(name, request)) for name in plain_models]
             for run_index in range(args.runs):
                 for name, decode in order if run_index % 2 == 0 else order[::-1]:
-                    out, stats, total, decode_s = timed(decode, device)
+                    out, stats, total, decode_s = timed(decode, device, args.profile_phases)
                     compile_seconds[name] += stats.compile_seconds
                     samples[name].append((total, decode_s, out, stats))
                     progress.update()
@@ -317,6 +341,8 @@ def run(args: argparse.Namespace) -> dict:
                                                           for name in plain_models}}
                                     for s in schedules}
             rows.append(row)
+            for name, runs in samples.items():
+                first_runs[name].append((runs[0][1], runs[0][3]))
     rates = plain_rates(rows)
     baseline_dtype = fastest_baseline(rates)
     for row in rows:
@@ -333,6 +359,8 @@ def run(args: argparse.Namespace) -> dict:
     results["by_category"] = [{"category": c, **summarise([r for r in rows if r["category"] == c])} for c in categories]
     if len(schedules) > 1:
         results["by_schedule"] = [{"schedule": s, **summarise(schedule_rows(rows, s))} for s in schedules]
+    if args.profile_phases:
+        results["phases"] = {name: phase_split(first_runs[name]) for name in [*map(medusa_side, schedules), *plain_models]}
     results["config"] = {
         "command": " ".join(sys.argv),
         "model": getattr(model.config, "name_or_path", "") or str(args.base_model or "demo"),

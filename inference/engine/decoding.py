@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference.engine.phases import PhaseClock
 from inference.engine.sampling import Sampling
 
 
@@ -21,6 +22,7 @@ class DecodeStats:
     accept_lengths: Counter = field(default_factory=Counter)
     step_sizes: Counter = field(default_factory=Counter)  # tokens verified per step (1: a plain step) -> steps
     switches: int = 0  # times the schedule changed its choice of step (probes not counted)
+    phases: PhaseClock | None = None  # set by the caller to time each step's phases (inference/engine/phases.py)
 
     @property
     def tokens_per_step(self) -> float:

@@ -33,6 +33,7 @@ from inference.engine.feature_drafting import FeatureCacheSlot, FeatureTreeDraft
 from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
+from inference.engine.phases import ACCEPTANCE, CAPTURED, DRAFTING, FORWARD, HOST, NO_CLOCK
 from inference.engine.plain_decoding import next_token
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race, probabilities
 from inference.engine.step_schedule import AdaptiveSchedule, FixedSchedule
@@ -233,6 +234,7 @@ class MedusaDecoder:
         self.cache = CacheSlot(base_model)
         self.step = CapturedStep(self._step, base_model.device, compile, "Medusa", log)
         self.plain_step = CapturedStep(self._plain_step, base_model.device, compile, "plain", log)
+        self.step_clock = NO_CLOCK  # what the steps mark their phases on: a decode's clock when eager
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._drafters: dict[tuple, Drafter] = {}
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
@@ -311,12 +313,14 @@ class MedusaDecoder:
         synchronisation, nothing that depends on how many tokens were accepted."""
         depth, start = drafter.depth, carry.length
         step = drafter.draft(carry, chain)
+        self.step_clock.mark(DRAFTING)
         tree_mask = drafter.tree_mask if step.tree_mask is None else step.tree_mask
         size = step.tokens.shape[0]
         slots = start + torch.arange(size, device=start.device)
         node_hidden = forward(self.base_model, cache, step.tokens, start + step.position_offsets[0], slots,
                               visible_mask(tree_mask, start, cache.capacity), self.attention)
         node_logits, all_head_logits = self._verify_logits(node_hidden, depth, drafter.propose_after_verification)
+        self.step_clock.mark(FORWARD)
         pad = torch.full((1,), -1, dtype=torch.long, device=start.device)
         predictions = torch.cat([choose_tokens(node_logits, sampling, race), pad])  # [T+1], -1 = padding
         candidates = torch.cat([step.tokens, pad])[step.paths]  # [P, depth+1]
@@ -328,10 +332,12 @@ class MedusaDecoder:
         node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
         root, hidden = predictions.index_select(0, node), node_hidden.index_select(0, node)
         verified = Verified(step.tokens, node_hidden, start, path, count, node, root, hidden, all_head_logits)
+        self.step_clock.mark(ACCEPTANCE)
         drafted, probabilities = drafter.carry_after(carry, verified)
         packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]])
         if probabilities is not None:  # token ids are exact in float32 (the vocabulary is below 2**24)
             packed = torch.cat([packed.float(), probabilities])
+        self.step_clock.mark(DRAFTING)  # the next step's candidates, scored after acceptance
         return packed, Carry(root, hidden, drafted, start + count + 1)
 
     def _plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry, race: torch.Tensor | None,
@@ -340,8 +346,10 @@ class MedusaDecoder:
         written and the base model's next token is the next root. A feature drafter (`follower`) reads the
         position too, so its cache never misses text."""
         token, hidden = next_token(self.base_model, cache, carry.root, carry.length, self.attention, sampling, race)
+        self.step_clock.mark(FORWARD)
         if follower is not None:
             follower.after_plain_step(hidden, token, carry.length)
+            self.step_clock.mark(DRAFTING)
         return token, Carry(token, hidden, _placeholder(hidden), carry.length + 1)
 
     def _run_step(self, tree: Tree | DynamicTree | None, drafter: Drafter | None,
@@ -355,15 +363,22 @@ class MedusaDecoder:
             token, carry = self.plain_step((cache.capacity, sampling, follower is not None),
                                            f"plain, capacity {cache.capacity}", stats, sampling, cache, carry, race,
                                            follower)
+            self._captured_phase(stats)
             return token.tolist(), carry, None
         key = (cache.capacity, repr(tree), sampling, acceptance)
         kind = "dynamic " if isinstance(tree, DynamicTree) else ""
         label = f"{drafter.tokens_per_step}-token {kind}tree, capacity {cache.capacity}"
         packed, carry = self.step(key, label, stats, drafter, sampling, acceptance, cache, carry, chain, race)
+        self._captured_phase(stats)
         packed = packed.tolist()
         count, depth = int(packed[0]), drafter.depth
         tokens = [int(t) for t in packed[1 : 1 + count] + [packed[1 + depth + count]]]
         return tokens, carry, packed[2 + 2 * depth :] if isinstance(tree, DynamicTree) else None
+
+    def _captured_phase(self, stats: DecodeStats) -> None:
+        """A captured step is one graph: its phases cannot be told apart, so its time is one phase."""
+        if self.step.captured and stats.phases is not None:
+            stats.phases.mark(CAPTURED)
 
     @torch.inference_mode()
     def decode(
@@ -400,10 +415,15 @@ class MedusaDecoder:
         carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
         carried = NOTHING_CARRIED  # the carry_kind of what `carry.drafted` holds
         probabilities = None  # of the next step's candidates, where the last step scored them
+        clock = stats.phases or NO_CLOCK
+        self.step_clock = NO_CLOCK if self.step.captured else clock
+        clock.start()
         tokens = emitter.emit(root.tolist())
         while True:
             yield tokens
             if emitter.done:
+                clock.mark(HOST)
+                clock.stop()
                 return
             started, compiling = time.perf_counter(), stats.compile_seconds
             guess = ([], [])
@@ -420,6 +440,7 @@ class MedusaDecoder:
                 carry = carry._replace(drafted=drafter.carried(carry))
             race = exponential_race(options[index].tokens, vocab, sampling, generator, device)
             chain = lookup_chain(guess, lookup, device) if lookup else None
+            clock.mark(HOST)
             new, carry, probabilities = self._run_step(tree, drafter, sampling, acceptance, cache, carry, chain, race,
                                                        stats, follower)
             carried = NOTHING_CARRIED if drafter is None else drafter.carry_kind

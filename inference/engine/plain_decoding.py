@@ -9,6 +9,7 @@ from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, c
 from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
+from inference.engine.phases import CAPTURED, FORWARD, HOST, NO_CLOCK
 from inference.engine.sampling import Sampling, choose_tokens, exponential_race
 
 
@@ -31,11 +32,14 @@ class PlainDecoder:
         self.attention = attention or attention_for(model.device)
         self.cache = CacheSlot(model)
         self.step = CapturedStep(self._step, model.device, compile, "plain", log)
+        self.step_clock = NO_CLOCK  # what the step marks its phases on: a decode's clock when eager
 
     def _step(self, cache: StaticCache, token: torch.Tensor, length: torch.Tensor, race: torch.Tensor | None,
               sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
         """The next token after `token` [1] at position `length` [1]: everything between two host reads."""
-        return next_token(self.model, cache, token, length, self.attention, sampling, race)[0], length + 1
+        token = next_token(self.model, cache, token, length, self.attention, sampling, race)[0]
+        self.step_clock.mark(FORWARD)
+        return token, length + 1
 
     @torch.inference_mode()
     def decode(self, request: DecodeRequest, stats: DecodeStats | None = None) -> Iterator[list[int]]:
@@ -50,14 +54,22 @@ class PlainDecoder:
         hidden = prefill(model, cache, request.input_ids)[-1:]
         token = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
         length = torch.tensor([len(request.input_ids)], device=device)
+        clock = stats.phases or NO_CLOCK
+        self.step_clock = NO_CLOCK if self.step.captured else clock
+        clock.start()
         while True:
             tokens = emitter.emit(token.tolist())  # the step's single device-to-host transfer
             yield tokens
             if emitter.done:
+                clock.mark(HOST)
+                clock.stop()
                 return
             race = exponential_race(1, vocab, sampling, generator, device)
+            clock.mark(HOST)
             token, length = self.step((cache.capacity, sampling), f"capacity {cache.capacity}", stats,
                                       cache, token, length, race, sampling)
+            if self.step.captured:
+                clock.mark(CAPTURED)
 
 
 def plain_decode(model: PreTrainedModel, request: DecodeRequest, stats: DecodeStats | None = None) -> Iterator[list[int]]:

@@ -3,7 +3,7 @@
 import pytest
 
 from inference.engine.decoding import DecodeStats
-from inference.engine.step_schedule import FACTOR, PROBES, RECHECK, AdaptiveSchedule, StepOption
+from inference.engine.step_schedule import FACTOR, NOTICE_GAP, PROBES, RECHECK, AdaptiveSchedule, StepOption
 from medusa_choices import DynamicTree
 
 # What steps really cost here (ms) and the tokens each emits: the 9-token tree is fastest (3 tokens per 45 ms).
@@ -69,6 +69,20 @@ def test_speculation_that_stops_paying_switches_to_plain_and_a_recheck_brings_it
     assert sizes[-RECHECK:] == [9] * RECHECK
     assert stats.switches >= 2
     assert notices[0].startswith("Switching to plain decoding") and any(n.startswith("Back to Medusa") for n in notices)
+
+
+def test_a_near_tie_between_trees_and_plain_steps_is_not_announced_at_every_flip():
+    """Tree steps that emit 1 or 3 tokens in turn at 64 ms, plain ones 1 at 30 ms: the lead flips every few steps."""
+    notices = []
+    schedule = AdaptiveSchedule(options({9: 64.0, 1: 30.0}), costs_realised=True, log=notices.append)
+    stats, tree_steps = DecodeStats(), 0
+    for _ in range(3 * NOTICE_GAP):
+        index = schedule.next(stats)
+        size = schedule.options[index].tokens
+        tree_steps += size > 1
+        schedule.observe(index, {9: 64.0, 1: 30.0}[size], 1 + 2 * (tree_steps % 2) if size > 1 else 1)
+    assert stats.switches >= 20  # the choice flips, and the stats count each flip ...
+    assert 1 <= len(notices) <= 3  # ... but one line in NOTICE_GAP steps says so
 
 
 def test_where_trees_never_pay_their_rechecks_grow_rare():

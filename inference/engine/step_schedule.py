@@ -34,6 +34,7 @@ RECHECK = 32  # plain steps before a tree step checks whether speculation pays a
 MAX_RECHECK = 1024  # that does not bring trees back, up to this (so where trees never pay they cost ~0.1%)
 PRIOR = 8.0  # accepted tokens' worth of belief in the heads' expectation before realised acceptance counts
 DECAY = 0.97  # per tree step, so acceptance follows the request
+NOTICE_GAP = 256  # steps at least between two lines about switching: a near tie flips the lead every few steps
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class AdaptiveSchedule:
         self.decided: int | None = None
         self.plain_run, self.recheck_every = 0, RECHECK
         self.plain_regime = options[0].tree is None  # whether plain steps lead on average (said when it changes)
+        self.since_notice = NOTICE_GAP  # steps since the last line about it
 
     def _probe_order(self, known: dict[int, float] | None = None) -> deque[int]:
         """PROBES steps of every option, in order, but those whose size has a cost `known` from real steps."""
@@ -164,11 +166,14 @@ class AdaptiveSchedule:
 
     def _notice_regime(self) -> None:
         """One line when speculation stops paying on average (the estimates without any step's own candidates
-        put plain steps first) or starts again; single plain steps of unpromising candidates say nothing."""
-        if not self.log:
+        put plain steps first) or starts again, at most one in NOTICE_GAP steps (the stats count every switch);
+        single plain steps of unpromising candidates say nothing."""
+        self.since_notice += 1
+        if not self.log or self.since_notice < NOTICE_GAP:
             return
         plain = self.options[self.best()].tree is None
         if plain != self.plain_regime:
+            self.since_notice = 0
             tree = self.best(trees_only=True)
             medusa = f"{self.tokens_per_ms(tree) * 1000:.1f} tok/s with {self.options[tree].tokens}-token steps"
             rate = f"{self.tokens_per_ms(self.plain_index) * 1000:.1f} tok/s plain"

@@ -293,6 +293,19 @@ def test_feature_drafter_training_saves_a_drafter_the_tree_builder_and_medusa_ge
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
+def test_a_drafter_trained_on_a_bf16_base_is_scored_as_it_drafts_and_saved_in_fp32(distilled, tmp_path):
+    directory, data = distilled
+    out = tmp_path / "drafter"
+    assert train_feature_drafter.main(["--base_model", str(directory), "--data", str(data), "--out", str(out),
+                                       "--levels", "2", "--epochs", "1", "--tokens_per_batch", "256",
+                                       "--dtype", "bf16", "--draft_vocab_size", "20"]) == 0
+    report = json.loads((out / "training_report.json").read_text())
+    assert len(report["held_out_accuracy"]) == 2
+    config = json.loads((out / "config.json").read_text())
+    drafter = load_heads(out, config["hidden_size"], config["vocab_size"])
+    assert all(p.dtype == torch.float32 for p in drafter.parameters())
+
+
 def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_each_target(distilled, tiny_pangu):
     directory, data = distilled
     model = tiny_pangu[1]

@@ -10,6 +10,7 @@ as it does below the first level of a draft; each pass's losses count equally. L
 predicted token is an answer token.
 """
 
+import copy
 import math
 import random
 from dataclasses import dataclass
@@ -161,6 +162,7 @@ def depth_accuracy(drafter: FeatureDrafter, base_model: nn.Module, samples: list
     """acc[d][r]: how often the drafter's rank-r token at draft level d+1 is the base model's token, drafting as
     at decoding time (its own features below the first level) along the true tokens, from answer positions of
     held-out samples; the table the tree builder and the runtime's choice read."""
+    drafter = copy.deepcopy(drafter).to(base_model.dtype)  # decoding drafts in the base model's dtype
     embeddings = base_model.get_input_embeddings()
     proposals = drafter.proposal_lm_head(base_model.lm_head)
     slot = FeatureCacheSlot(base_model, drafter)

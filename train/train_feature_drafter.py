@@ -1,7 +1,7 @@
 """Train a feature drafter (EAGLE-style: one decoder layer over the base model's features) on a frozen base model.
 
     python train/train_feature_drafter.py --data data/sharegpt.jsonl --out train/demo_drafter --levels 6 \\
-        --draft_vocab_from train/demo_heads --epochs 4 --threads 2
+        --draft_vocab_from train/demo_heads --epochs 4 --unroll 2 --threads 2 --dtype bf16
 
 The base model runs once over every sample (its features stay in memory); the drafter then trains by teacher
 forcing (train/feature_drafter_training.py). Held-out samples give the per-level, per-rank accuracy of drafting

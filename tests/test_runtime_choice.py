@@ -34,23 +34,33 @@ NATIVE_BF16 = profile_from_table(
      FP32: {2: 80.0, 5: 80.0, 13: 88.0, 33: 123.5}})
 
 
+def committed_accuracy(directory) -> list[list[float]]:
+    return json.loads((directory / "config.json").read_text())["medusa_head_accuracy"]
+
+
 def demo_accuracy() -> list[list[float]]:
-    return json.loads((DEMO_HEADS_DIR / "config.json").read_text())["medusa_head_accuracy"]
+    return committed_accuracy(DEMO_HEADS_DIR)
 
 
-def test_avx2_cpu_falls_back_to_plain_bf16_with_a_reason():
-    choice = choose_runtime(AVX2, 3, demo_accuracy())
+# The committed demo heads (3 of their 5 heads, as the tests below) and the demo feature drafter (6 levels)
+COMMITTED = [(DEMO_HEADS_DIR, 3), (DEMO_HEADS_DIR.parent / "demo_drafter", 6)]
+
+
+@pytest.mark.parametrize("directory,heads", COMMITTED, ids=["demo_heads", "demo_drafter"])
+def test_avx2_cpu_falls_back_to_plain_bf16_with_a_reason(directory, heads):
+    choice = choose_runtime(AVX2, heads, committed_accuracy(directory))
     assert choice.tree is None and choice.dtype == choice.plain_dtype == BF16
     assert choice.tree_tokens == 1
     assert "plain decoding in bf16" in choice.reason and "expected at only" in choice.reason
 
 
-def test_native_bf16_cpu_runs_medusa_in_bf16_with_a_tree_that_beats_plain():
-    choice = choose_runtime(NATIVE_BF16, 3, demo_accuracy())
+@pytest.mark.parametrize("directory,heads", COMMITTED, ids=["demo_heads", "demo_drafter"])
+def test_native_bf16_cpu_runs_medusa_in_bf16_with_a_tree_that_beats_plain(directory, heads):
+    choice = choose_runtime(NATIVE_BF16, heads, committed_accuracy(directory))
     assert choice.dtype == choice.plain_dtype == BF16
     assert choice.tree is not None and 2 < choice.tree_tokens <= 33
     assert choice.expected_speedup >= MIN_EXPECTED_SPEEDUP
-    validate_tree(choice.tree, num_heads=3)
+    validate_tree(choice.tree, num_heads=heads)
 
 
 def test_flat_fp32_wins_when_bf16_is_only_a_little_faster_per_token():

@@ -6,9 +6,7 @@ tensor, so one captured graph serves every step. Attention reads the whole cache
 unwritten part: over a few hundred keys that costs less than a kernel launch per valid length would.
 
 The layers are the model's own modules (norms, projections, MLP), called in Llama's order: this forward
-serves the Llama family, OpenPangu-Embedded included (biases on q/k/v/o, GQA). Eager transformers goes
-through SDPA's flash kernel, which on a CPU costs more per decoding step than the explicit GQA product here
-(the README's engine section has the numbers).
+serves the Llama family, OpenPangu-Embedded included (biases on q/k/v/o, GQA).
 """
 
 from dataclasses import dataclass
@@ -129,24 +127,15 @@ def visible_mask(tree_mask: torch.Tensor, start: torch.Tensor, capacity: int) ->
     return (relative < 0) | (in_step & among_new)
 
 
-def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The float mask attention adds: 0 where visible, the dtype's minimum elsewhere."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
-
-
 def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """GQA attention of query [H, T, D] over the whole cache keys/values [KV, C, D], `visible` [T, C].
 
-    Each KV head's query heads are stacked into one matrix, so the product reads every key once and
-    no KV head is repeated; the softmax runs in float32 as transformers' eager attention does."""
-    heads, size, head_dim = query.shape
-    kv_heads = keys.shape[0]
-    groups = heads // kv_heads
-    scores = (query.reshape(kv_heads, groups * size, head_dim) @ keys.transpose(1, 2)).float() * scale
-    scores = scores.view(kv_heads, groups, size, -1) + additive(visible, torch.float32)
-    weights = scores.softmax(-1).to(query.dtype).view(kv_heads, groups * size, -1)
-    return (weights @ values).view(heads, size, head_dim)
+    SDPA with the boolean mask and `enable_gqa` (no KV head is repeated): on a CPU its flash kernel, which
+    keeps the softmax in float32, costs a third of the explicit product and float softmax at one token and
+    about half at 13, eager or captured (docs/performance.md)."""
+    return F.scaled_dot_product_attention(query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+                                          attn_mask=visible, scale=scale, enable_gqa=True)[0]
 
 
 def prompt_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:

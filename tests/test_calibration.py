@@ -382,3 +382,30 @@ def test_a_model_started_from_a_cached_profile_10x_off_corrects_it_while_decodin
     corrected = json.loads(cached.read_text())["profile"]
     assert corrected["realised"] == {"fp32": [1, 2, 5]} and corrected["plain_ms"]["fp32"] < true_plain * 5
     assert len(quick_calibration) == 1
+
+
+def test_a_captured_step_that_fails_on_this_machine_is_timed_eager_with_one_line_and_not_kept(
+        tiny_pangu, quick_calibration, monkeypatch):
+    """An inductor kernel that fails where it runs (seen: an index check in a generated kernel under the AVX2
+    emulation) must leave both sides eager with a notice, not end the run with a traceback."""
+    model = tiny_pangu[1]
+    real = calibration.step_runner
+
+    def failing_when_captured(model, calls, tree=None, heads=None, context=calibration.CONTEXT, captured=False):
+        run = real(model, calls, tree, heads, context, captured=False)
+        if not captured:
+            return run
+
+        def fail():
+            raise RuntimeError("kernel, main.cpp:770, index out of bounds: 0 <= tmp8 < 3L")
+
+        return fail
+
+    monkeypatch.setattr(calibration, "step_runner", failing_when_captured)
+    heads = random_heads(model, num_heads=2, head_input="hidden_and_path")
+    notices = []
+    graph = calibration.graph_profile(model, model, heads, DynamicTree(2), log=notices.append)
+    assert graph.plain_ms["captured"] == graph.step_ms["captured"] == float("inf")
+    assert 0 < graph.plain_ms["eager"] < float("inf") and 0 < graph.step_ms["eager"] < float("inf")
+    assert any("failed on this machine" in line and "index out of bounds" in line for line in notices)
+    assert not any(calibration.calibration_dir().glob("*.json"))  # the next run tries capturing again

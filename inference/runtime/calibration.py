@@ -462,16 +462,28 @@ def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, lo
         return cached
     log("Timing eager against captured steps: compiling the plain step" + (" and the Medusa step" if tree else "")
         + f" once (a minute or two on a CPU; kept in {path})")
-    # a short context, so the timed graphs have the shapes of short prompts (the run that follows reuses the
-    # kernels inductor built for them)
-    runners = {("plain", mode): step_runner(plain_model, ROUNDS + 1, context=GRAPH_CONTEXT, captured=mode == "captured")
-               for mode in ("eager", "captured")}
-    if tree is not None:
-        runners |= {("step", mode): step_runner(model, ROUNDS + 1, tree, heads, GRAPH_CONTEXT, mode == "captured")
-                    for mode in ("eager", "captured")}
-    ms = interleaved_ms(runners, ROUNDS, model.device)
+
+    def runners(modes: tuple[str, ...]) -> dict:
+        # a short context, so the timed graphs have the shapes of short prompts (the run that follows reuses
+        # the kernels inductor built for them)
+        timed = {("plain", mode): step_runner(plain_model, ROUNDS + 1, context=GRAPH_CONTEXT,
+                                              captured=mode == "captured") for mode in modes}
+        if tree is not None:
+            timed |= {("step", mode): step_runner(model, ROUNDS + 1, tree, heads, GRAPH_CONTEXT, mode == "captured")
+                      for mode in modes}
+        return timed
+
+    try:
+        ms = interleaved_ms(runners(("eager", "captured")), ROUNDS, model.device)
+    except Exception as error:  # a compiled kernel that fails on this CPU: eager still runs, and is timed instead
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+        log(f"A captured step failed on this machine, so both sides run eager ({reason[:200]})")
+        ms = interleaved_ms(runners(("eager",)), ROUNDS, model.device)
+        ms |= {(side, "captured"): math.inf for side, _ in list(ms)}
     profile = GraphProfile({mode: round(ms[("plain", mode)], 3) for mode in ("eager", "captured")},
                            None if tree is None else {mode: round(ms[("step", mode)], 3) for mode in ("eager", "captured")})
+    if math.inf in profile.plain_ms.values():
+        return profile  # not kept: the next run tries capturing again (a fixed torch or compiler may build it)
     try:
         check_writable(path.parent, "the calibration cache")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
     SDPA with the boolean mask and `enable_gqa` (no KV head is repeated): on a CPU its flash kernel, which
     keeps the softmax in float32, costs a third of the explicit product and float softmax at one token and
-    about half at 13, eager or captured (docs/performance.md)."""
+    about half at 13, eager or captured (docs/engine.md)."""
     return F.scaled_dot_product_attention(query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
                                           attn_mask=visible, scale=scale, enable_gqa=True)[0]
 

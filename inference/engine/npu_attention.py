@@ -30,5 +30,5 @@ def npu_fused_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.T
 
 
 def attention_for(device: torch.device) -> Callable:
-    """The masked attention a step on `device` runs: the fused kernel on Ascend, the explicit product elsewhere."""
+    """The masked attention a step on `device` runs: the fused kernel on Ascend, SDPA elsewhere."""
     return npu_fused_attention if device.type == "npu" else masked_attention

@@ -1,9 +1,12 @@
 """Captured steps: one graph per step function and shape, nothing recompiled while decoding, the same tokens as
 eager decoding, sampling still lossless, and no hidden synchronisation inside."""
 
+import os
+import subprocess
 import sys
 import types
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +136,24 @@ def test_compiled_code_is_kept_under_the_home_unless_the_user_chose_a_directory(
     assert use_compile_cache() == tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_compile_cache() == tmp_path / "mine"
+
+
+AVX2_TREE_MASK = """
+import torch
+from inference.engine.dynamic_tree import _paths_and_mask
+parent = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 6, 7, 9, 9, 11, 12, 12])
+depth_of = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6])
+compiled = torch.compile(_paths_and_mask, fullgraph=True, dynamic=False)
+for size, depth in ((17, 6), (3, 5)):
+    captured, eager = compiled(parent[:size], depth_of[:size], depth), _paths_and_mask(parent[:size], depth_of[:size], depth)
+    assert all(torch.equal(a, b) for a, b in zip(captured, eager))
+"""
+
+
+def test_the_dynamic_tree_mask_captures_for_cpus_without_avx512(tmp_path):
+    """Inductor's AVX2 kernels check every lane of a vector that scatters (padding included): the mask must not be
+    built by a scatter, or captured dynamic-tree steps fail on such CPUs. A new process: the ISA is read once."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-c", AVX2_TREE_MASK], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -8,6 +8,7 @@ graph serves every step of a generation and every generation of the same tree an
 
 import time
 import types
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -18,6 +19,10 @@ from inference.engine.decoding import DecodeStats
 # Graphs this process may hold per step function: plain and Medusa steps over a few capacities, trees and
 # sampling rules (dynamo's default of 8 would fall back to eager without a word).
 RECOMPILE_LIMIT = 64
+# How inductor compiles a CPU step (`capture` says why); the GEMM timings are not printed.
+CPU_GRAPH_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True,
+                     "max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                     "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 def npu_backend():
@@ -54,10 +59,13 @@ def capture(step: Callable, device: torch.device) -> Callable:
         compiled = torch.compile(step, fullgraph=True, dynamic=False)
 
         def frozen(*args):
-            # freezing folds the weights into the graph and lets oneDNN prepack them (bf16 on AMX/AVX512-BF16),
-            # and concatenating linears that read one input (q/k/v, gate/up) halves the oneDNN calls per layer;
-            # inductor reads both when it compiles, which happens inside a call (passed as `options` they are not seen)
-            with torch._inductor.config.patch({"freezing": True, "cpp.enable_concat_linear": True}):
+            # freezing folds the weights into the graph and prepacks them (bf16 on AMX/AVX512-BF16); linears that
+            # read one input (q/k/v, gate/up) are concatenated; and each GEMM shape is timed as inductor's own C++
+            # kernel against oneDNN's, keeping the faster: a oneDNN call costs ~40 us beyond reading its weights,
+            # a quarter of the demo model's step on an AMX Xeon. Inductor reads these when it compiles, which
+            # happens inside a call (passed as `options` they are not seen).
+            with torch._inductor.config.patch(CPU_GRAPH_OPTIONS), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # the GEMM timing's own
                 return compiled(*args)
 
         return frozen
@@ -98,7 +106,7 @@ class CapturedStep:
             return self.run(*args)
         expected = key not in self.compiled
         if expected and self.log:
-            self.log(f"Compiling the {self.name} step ({label}); once per shape and process (~40 s on 2 CPU cores) ...")
+            self.log(f"Compiling the {self.name} step ({label}); once per shape and process (1-2 min on 2 CPU cores) ...")
         graphs, started = graphs_compiled(), time.perf_counter()
         result = self.run(*args)
         if graphs_compiled() > graphs:

@@ -40,8 +40,8 @@ def _paths_and_mask(parent: torch.Tensor, depth_of: torch.Tensor, depth: int) ->
         paths.scatter_(1, column.unsqueeze(1), node.unsqueeze(1))
         node = torch.where(valid, parent[node.clamp(min=0)], -1)
     paths = paths[:, : depth + 1]
-    # node j is an ancestor of i (or i) where it is on i's path; compared, not scattered: inductor's vectorised CPU
-    # scatter without AVX512 checks the padding lanes of its last vector too ("index out of bounds")
+    # node j is an ancestor of i (or i) where it is on i's path; compared, not scattered: inductor's AVX2 kernel
+    # for a scatter into the mask checked the padding lanes of its last vector too ("index out of bounds")
     mask = (paths.unsqueeze(-1) == torch.arange(size, device=parent.device)).any(dim=1)
     return paths, mask
 

@@ -57,6 +57,8 @@ def capture(step: Callable, device: torch.device) -> Callable:
                                                            4 * RECOMPILE_LIMIT)
     if device.type == "cpu":
         compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        # the GEMM timing's own deprecation warning, once per compile; set here, not around every step
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated", module=r"torch\._inductor\.select_algorithm")
 
         def frozen(*args):
             # freezing folds the weights into the graph and prepacks them (bf16 on AMX/AVX512-BF16); linears that
@@ -64,8 +66,7 @@ def capture(step: Callable, device: torch.device) -> Callable:
             # kernel against oneDNN's, keeping the faster: a oneDNN call costs ~40 us beyond reading its weights,
             # a quarter of the demo model's step on an AMX Xeon. Inductor reads these when it compiles, which
             # happens inside a call (passed as `options` they are not seen).
-            with torch._inductor.config.patch(CPU_GRAPH_OPTIONS), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # the GEMM timing's own
+            with torch._inductor.config.patch(CPU_GRAPH_OPTIONS):
                 return compiled(*args)
 
         return frozen

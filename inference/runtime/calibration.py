@@ -461,7 +461,7 @@ def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, lo
     if cached is not None:
         return cached
     log("Timing eager against captured steps: compiling the plain step" + (" and the Medusa step" if tree else "")
-        + f" once (a minute or two on a CPU; kept in {path})")
+        + f" once (about 3 min on 2 CPU cores; kept in {path})")
 
     def runners(modes: tuple[str, ...]) -> dict:
         # a short context, so the timed graphs have the shapes of short prompts (the run that follows reuses

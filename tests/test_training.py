@@ -156,6 +156,15 @@ def test_distillation_range_past_the_last_prompt_is_an_error(distilled, tmp_path
     assert "no prompts from index 12" in capsys.readouterr().err and not out.exists()
 
 
+def test_vllm_distillation_without_the_vllm_environment_says_how_to_make_it(distilled, tmp_path, monkeypatch, capsys):
+    directory, data = distilled
+    monkeypatch.setattr(gen_distill_data, "ROOT", tmp_path)  # a checkout without .venv-vllm
+    out = tmp_path / "answers.jsonl"
+    assert gen_distill_data.main(["--engine", "vllm", "--base_model", str(directory), "--prompts",
+                                  str(data.parent / "prompts.jsonl"), "--out", str(out), "--max_samples", "2"]) == 2
+    assert "make vllm-setup" in capsys.readouterr().err and not out.exists()
+
+
 def test_a_second_distillation_into_one_file_stops_with_the_reason(distilled, capsys):
     directory, data = distilled
     before = data.read_text()

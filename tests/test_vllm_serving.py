@@ -103,3 +103,24 @@ def test_vllm_runs_the_openpangu_model_as_this_project_does(tmp_path):
     prompts = random_prompts(model.config.vocab_size, count=4, seed=1)
     ours = [plain_greedy(model, prompt, NEW_TOKENS) for prompt in prompts]
     assert run_vllm(tmp_path, "pangu", directory, prompts)["outputs"] == ours
+
+
+def test_vllm_distillation_writes_the_greedy_answers_our_engine_decodes(demo_dir, demo_model, tmp_path):
+    """`gen_distill_data.py --engine vllm`: the records hold, per prompt, the model's fp32 greedy answer up to and
+    including its EOS, as this project's plain decoding gives it."""
+    from train import gen_distill_data
+
+    if not VLLM_PYTHON.is_file():
+        pytest.fail("no vLLM environment: run `make test-vllm` (it builds .venv-vllm)")
+    model, tokenizer = demo_model
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "answers.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS[:3]))
+    assert gen_distill_data.main(["--engine", "vllm", "--base_model", str(demo_dir), "--prompts", str(prompts),
+                                  "--out", str(out), "--max_samples", "3", "--max_new_tokens", str(NEW_TOKENS),
+                                  "--batch_size", "2", "--dtype", "fp32"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    eos = (model.generation_config.eos_token_id,)
+    for record, question in zip(records, QUESTIONS):
+        assert record["prompt_ids"] == prompt_ids(tokenizer, [{"role": "user", "content": question}])
+        assert record["output_ids"] == plain_greedy(model, record["prompt_ids"], NEW_TOKENS, eos)

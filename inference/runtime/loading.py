@@ -98,13 +98,19 @@ def load_causal_lm(directory: Path, device: torch.device, dtype: torch.dtype | N
     return model
 
 
-def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype | None):
-    """(model, tokenizer); no `base_model` means the embedded demo model, no `dtype` the checkpoint's own."""
+def base_directory(base_model: str | None) -> tuple[Path, str]:
+    """(directory, display name) of a causal LM; no `base_model` means the embedded demo model."""
     if base_model is None:
         directory, name = prepare_demo_model(), f"{DEMO_NAME} (embedded demo model)"
     else:
         directory, name = resolve_model_dir(base_model), base_model
     _check_causal_lm(directory)
+    return directory, name
+
+
+def load_base(base_model: str | None, device: torch.device, dtype: torch.dtype | None):
+    """(model, tokenizer); no `base_model` means the embedded demo model, no `dtype` the checkpoint's own."""
+    directory, name = base_directory(base_model)
     tokenizer = load_tokenizer(directory)
     model = load_causal_lm(directory, device, dtype)
     print(f"Model: {name} | device {device} | loaded in {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)

@@ -165,6 +165,20 @@ def test_vllm_distillation_without_the_vllm_environment_says_how_to_make_it(dist
     assert "make vllm-setup" in capsys.readouterr().err and not out.exists()
 
 
+def test_a_vllm_that_stops_is_a_clear_error_with_its_last_log_line(distilled, tmp_path, monkeypatch, capsys):
+    directory, data = distilled
+    fake = tmp_path / ".venv-vllm" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 'RuntimeError: no memory for the KV cache' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(gen_distill_data, "ROOT", tmp_path)
+    out = tmp_path / "answers.jsonl"
+    assert gen_distill_data.main(["--engine", "vllm", "--base_model", str(directory), "--prompts",
+                                  str(data.parent / "prompts.jsonl"), "--out", str(out), "--max_samples", "2"]) == 2
+    assert "vLLM stopped (exit 3): RuntimeError: no memory for the KV cache" in capsys.readouterr().err
+    assert not out.exists() or not out.read_text()
+
+
 def test_a_second_distillation_into_one_file_stops_with_the_reason(distilled, capsys):
     directory, data = distilled
     before = data.read_text()

@@ -130,8 +130,14 @@ class VllmAnswers:
                             f"see {self.log}")
         return json.loads(line)
 
-    def close(self) -> None:
-        self.process.stdin.close()
+    def __enter__(self) -> "VllmAnswers":
+        return self
+
+    def __exit__(self, *_) -> None:
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:  # vLLM already stopped (the error says why)
+            pass
         self.process.wait()
 
 
@@ -142,23 +148,20 @@ def distill(args, out: Path) -> None:
         tokenizer, config = load_tokenizer(directory), read_config(directory)
         generation = read_config(directory, "generation_config.json")
         eos = list(eos_ids(generation.get("eos_token_id", config.get("eos_token_id")), tokenizer.eos_token_id))
-        answerer = VllmAnswers(directory, args, eos, out.with_name(out.name + ".vllm.log"))
     else:
         model, tokenizer = load_base_from_args(args)
         config = model.config.to_dict()
         eos = list(eos_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id))
-
-        def answerer(batch):
-            return answer_batch(model, tokenizer, batch, args.max_new_tokens, args.temperature, eos)
     context = config.get("max_position_embeddings")
     if context and args.max_prompt_tokens + args.max_new_tokens > context:
         raise UserError(f"--max_prompt_tokens {args.max_prompt_tokens} + --max_new_tokens {args.max_new_tokens} "
                         f"exceeds the model's context of {context} positions")
-    try:
-        answer_prompts(args, out, tokenizer, answerer)
-    finally:
-        if args.engine == "vllm":
-            answerer.close()
+    if args.engine == "vllm":
+        with VllmAnswers(directory, args, eos, out.with_name(out.name + ".vllm.log")) as answerer:
+            answer_prompts(args, out, tokenizer, answerer)
+    else:
+        answer_prompts(args, out, tokenizer,
+                       lambda batch: answer_batch(model, tokenizer, batch, args.max_new_tokens, args.temperature, eos))
 
 
 def answer_prompts(args, out: Path, tokenizer, answerer) -> None:

@@ -7,7 +7,7 @@ so an interrupted run resumes where it stopped without losing or duplicating sam
     python train/gen_distill_data.py --out data/distill.jsonl --max_samples 2000 --max_new_tokens 192
 
 With `--engine vllm` a real vLLM (the `make vllm-setup` environment) answers, batching continuously: on the
-demo model about ten times the answers per second of transformers' padded `generate`. Greedy answers then come
+demo model about nine times the answers per second of transformers' padded `generate`. Greedy answers then come
 from vLLM's kernels: the same model, but where two tokens are nearly tied in bf16 it may take the other one.
 """
 

@@ -1,6 +1,6 @@
 """Answers prompts with a real vLLM for `gen_distill_data.py --engine vllm`, run in the vLLM environment.
 
-vLLM batches the whole chunk continuously (paged KV cache, its compiled CPU kernels), about ten times the
+vLLM batches the whole chunk continuously (paged KV cache, its compiled CPU kernels), about nine times the
 answers per second of transformers' padded `generate` on the demo model. The process loads the model once and
 then reads one JSON line per chunk from stdin (a list of prompts, each a list of token ids) and writes one JSON
 line of answers (each up to and including its EOS) to stdout; everything vLLM prints goes to stderr.

@@ -16,6 +16,12 @@ def options(profile_ms: dict[int, float]) -> list[StepOption]:
             for size in profile_ms]
 
 
+def options_of(profile_ms: dict[int, float]) -> list[StepOption]:
+    """A 9-token dynamic tree and the plain step at the profile's costs, the tree expected to emit 1.5 tokens."""
+    return [StepOption(None if size == 1 else DynamicTree(size - 1), 1.5 if size > 1 else 1, ms)
+            for size, ms in profile_ms.items()]
+
+
 def run(schedule: AdaptiveSchedule, steps: int, true_ms=TRUE_MS, tokens=TOKENS) -> list[int]:
     """The step sizes the schedule runs over `steps` steps of a machine whose costs are `true_ms`."""
     stats, sizes = DecodeStats(), []
@@ -31,8 +37,9 @@ def test_a_fresh_schedule_times_every_option_then_runs_the_fastest_and_keeps_the
     corrections = []
     schedule = AdaptiveSchedule(options({13: 60.0, 5: 42.0, 9: 50.0, 1: 31.0}), on_correction=corrections.append)
     sizes = run(schedule, 4 * PROBES + 20)
-    assert sizes[: 4 * PROBES] == [13] * PROBES + [5] * PROBES + [9] * PROBES + [1] * PROBES
-    assert set(sizes[4 * PROBES:]) == {9}
+    # the first step drafts from scratch, which is not what its size costs at every step: it is no probe
+    assert sizes[: 4 * PROBES + 1] == [13] * (PROBES + 1) + [5] * PROBES + [9] * PROBES + [1] * PROBES
+    assert set(sizes[4 * PROBES + 1:]) == {9}
     assert corrections == [TRUE_MS]
 
 
@@ -104,7 +111,7 @@ def test_options_redecided_from_a_correction_run_from_the_next_request_probing_o
     assert [o.tokens for o in schedule.options] == [5, 1]  # the request under way keeps its options
     assert [o.tokens for o in schedule.begin()] == [9, 13, 5, 1]
     sizes = run(schedule, 2 * PROBES + 10)
-    assert sizes[: 2 * PROBES] == [9] * PROBES + [13] * PROBES and set(sizes[2 * PROBES:]) == {9}
+    assert sizes[: 2 * PROBES + 1] == [9] * (PROBES + 1) + [13] * PROBES and set(sizes[2 * PROBES + 1:]) == {9}
 
 
 def test_each_step_runs_the_size_its_own_candidates_make_fastest():
@@ -126,3 +133,19 @@ def test_acceptance_below_the_candidates_word_discounts_their_estimates_only():
         schedule.observe(index, TRUE_MS[schedule.options[index].tokens], 1)
     assert schedule.acceptance(per_step=True) < 0.3 and schedule.acceptance(per_step=False) == 1.0
     assert schedule.options[schedule.next(stats, promising)].tokens == 1
+
+
+def test_a_plain_step_is_charged_the_drafting_from_scratch_that_the_tree_step_after_it_pays():
+    """Tree steps cost 24 ms, but 32 ms after a plain step (16 ms), which left no candidates drafted: candidates
+    expected to emit 1.45 tokens make a tree step alone slower than a plain one, but not a plain step and the
+    dearer tree step after it together."""
+    schedule = AdaptiveSchedule(options_of({9: 24.0, 1: 16.0}), costs_realised=True)
+    stats, sizes, previous = DecodeStats(), [], 1
+    unsure = [1.45 if o.tree is not None else None for o in schedule.options]
+    for step in range(4 * RECHECK):
+        index = schedule.next(stats, unsure)
+        size = schedule.options[index].tokens
+        schedule.observe(index, {1: 16.0, 9: 32.0 if previous == 1 else 24.0}[size], 1 + step % 2 if size > 1 else 1)
+        sizes.append(previous := size)
+    settled = sizes.index(9) + 1  # plain steps until a recheck's tree step shows what drafting from scratch costs
+    assert settled <= RECHECK + 2 and set(sizes[settled:]) == {9}

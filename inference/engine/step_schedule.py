@@ -7,6 +7,9 @@ at its one device-to-host transfer anyway, so an `AdaptiveSchedule` keeps the re
 few tree sizes and the plain step) and the realised acceptance, and runs the option with the most tokens per ms:
 - an option's cost is the median of its last steps where it has run, else its profile cost scaled as the run
   ones turned out;
+- a tree step that follows a plain step (or starts a request) drafts its candidates from scratch, which a tree
+  step otherwise did for it inside its own step: what that costs more is kept apart and charged to the switch,
+  to the plain step that leaves a run of tree steps and to the tree step that ends a run of plain ones;
 - a tree's tokens per step are expected from this step's own candidates (their probabilities, which the step
   before scored and brought back in its transfer, and the lookup chain's) where the decoder has them, else from
   the heads' measured accuracy, either scaled by how many of its expected tokens were accepted so far;
@@ -79,6 +82,7 @@ class AdaptiveSchedule:
         # and from the heads' accuracy (False): the two estimates are off by different factors
         self.acceptance_sums = {True: [0.0, 0.0], False: [0.0, 0.0]}
         self.estimate: tuple[float, bool] = (1.0, False)  # what the running step was expected to emit, and how
+        self.step_resumes = False  # whether the running step drafts from scratch
         self.pending: list[StepOption] | None = None
         self._install(options, {})
         if costs_realised:
@@ -92,6 +96,8 @@ class AdaptiveSchedule:
         self.options = tuple(options)
         self.basis = [costs.get(o.tokens, o.profile_ms) for o in options]  # the costs decisions are checked against
         self.recent = [deque([costs[o.tokens]] if o.tokens in costs else [], maxlen=WINDOW) for o in options]
+        self.resumed = [deque(maxlen=WINDOW) for _ in options]  # costs of tree steps that drafted from scratch
+        self.resuming = True  # the next tree step drafts from scratch (a request's first, or one after a plain step)
         self.probes = self._probe_order(known=costs)
         self.decided: int | None = None
         self.plain_run, self.recheck_every = 0, RECHECK
@@ -109,14 +115,31 @@ class AdaptiveSchedule:
             costs = {o.tokens: statistics.median(r) for o, r in zip(self.options, self.recent) if r}
             self._install(self.pending, costs)
             self.pending = None
+        self.resuming = True
         return self.options
 
     def cost_ms(self, index: int) -> float:
+        """Option `index`'s steady cost: its recent steps' median, else the scaled profile, at most what its steps
+        that drafted from scratch cost."""
         if self.recent[index]:
             return statistics.median(self.recent[index])
         run = [i for i, recent in enumerate(self.recent) if recent]
         scale = statistics.median(statistics.median(self.recent[i]) / self.basis[i] for i in run) if run else 1.0
-        return self.basis[index] * scale
+        return min([self.basis[index] * scale, *([statistics.median(self.resumed[index])] if self.resumed[index] else [])])
+
+    def resume_ms(self, index: int) -> float:
+        """What a tree step of option `index` costs more when it drafts from scratch (0 until one has run)."""
+        if not self.resumed[index]:
+            return 0.0
+        return max(0.0, statistics.median(self.resumed[index]) - self.cost_ms(index))
+
+    def step_ms(self, index: int) -> float:
+        """What running option `index` now costs: a tree step after plain steps with its drafting from scratch, a
+        plain step after tree steps with the cheapest tree's, which the tree step that follows it will pay."""
+        if self.options[index].tree is not None:
+            return self.cost_ms(index) + (self.resume_ms(index) if self.resuming else 0.0)
+        switch = 0.0 if self.resuming else min(self.resume_ms(i) for i, o in enumerate(self.options) if o.tree is not None)
+        return self.cost_ms(index) + switch
 
     def acceptance(self, per_step: bool) -> float:
         """Realised over expected accepted tokens, with PRIOR tokens of the estimate's own word."""
@@ -134,7 +157,7 @@ class AdaptiveSchedule:
 
     def tokens_per_ms(self, index: int, expected: list[float | None] | None = None) -> float:
         tokens, per_step = self._estimate(index, expected)
-        return (1 + self.acceptance(per_step) * (tokens - 1)) / self.cost_ms(index)
+        return (1 + self.acceptance(per_step) * (tokens - 1)) / self.step_ms(index)
 
     def best(self, expected: list[float | None] | None = None, trees_only: bool = False) -> int:
         indices = [i for i, o in enumerate(self.options) if o.tree is not None or not trees_only]
@@ -145,6 +168,8 @@ class AdaptiveSchedule:
         `expected`: per option, the tokens this step's own candidates make it expected to emit (None: unknown)."""
         index = self._choose(stats, expected)
         self.estimate = self._estimate(index, expected)
+        tree = self.options[index].tree is not None
+        self.step_resumes, self.resuming = self.resuming and tree, not tree
         return index
 
     def _choose(self, stats: DecodeStats, expected: list[float | None] | None) -> int:
@@ -188,13 +213,17 @@ class AdaptiveSchedule:
     def observe(self, index: int, ms: float, tokens: int) -> None:
         """A step of option `index` took `ms` and emitted `tokens` (accepted + the base model's own)."""
         option = self.options[index]
-        self.recent[index].append(ms)
+        resumed = self.step_resumes
+        if resumed:  # its cost is not this option's steady one, and it counts as no probe
+            self.resumed[index].append(ms)
+        else:
+            self.recent[index].append(ms)
         if option.tree is not None:
             estimate, per_step = self.estimate
             sums = self.acceptance_sums[per_step]
             sums[0], sums[1] = DECAY * sums[0] + tokens - 1, DECAY * sums[1] + estimate - 1
         if self.probes:
-            if index == self.probes[0]:
+            if index == self.probes[0] and not resumed:
                 self.probes.popleft()
                 if not self.probes:
                     self._checked()

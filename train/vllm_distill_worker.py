@@ -27,15 +27,12 @@ def main() -> int:
 
     answers_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # vLLM's own prints must not reach the answers' pipe
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     sys.path.insert(0, str(ROOT))
-    if json.loads((Path(args.model) / "config.json").read_text()).get("model_type") == "PanguEmbedded":
-        import openpangu_model  # noqa: F401  (registers the PanguEmbedded config with transformers)
-    from vllm import LLM, SamplingParams
+    from inference.runtime.vllm_engine import start_vllm
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=args.model, dtype=args.dtype, skip_tokenizer_init=True, seed=0, max_model_len=args.max_model_len)
+    llm = start_vllm(args.model, kv_cache_gib=4, dtype=args.dtype, max_model_len=args.max_model_len)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens,
                             stop_token_ids=args.eos, detokenize=False)
     for line in sys.stdin:

@@ -10,7 +10,6 @@ engine runs in this process so the registration holds there).
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -38,20 +37,17 @@ def main() -> int:
     parser.add_argument("--num_speculative_tokens", type=int, default=3)
     args = parser.parse_args()
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     sys.path.insert(0, str(ROOT))
-    if json.loads((Path(args.model) / "config.json").read_text()).get("model_type") == "PanguEmbedded":
-        import openpangu_model  # noqa: F401  (registers the PanguEmbedded config with transformers)
-    from vllm import LLM, SamplingParams
+    from inference.runtime.vllm_engine import start_vllm
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     speculative = None
     if args.speculator:
         speculative = {"method": args.method, "model": args.speculator,
                        "num_speculative_tokens": args.num_speculative_tokens}
-    llm = LLM(model=args.model, dtype="float32", enforce_eager=True, skip_tokenizer_init=True, seed=0,
-              max_model_len=1024, disable_log_stats=False, speculative_config=speculative)
+    llm = start_vllm(args.model, kv_cache_gib=2, dtype="float32", enforce_eager=True, max_model_len=1024,
+                     disable_log_stats=False, speculative_config=speculative)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(Path(args.prompts).read_text())]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
     outputs = [list(result.outputs[0].token_ids) for result in llm.generate(prompts, params, use_tqdm=False)]

@@ -25,6 +25,7 @@ from train import (distilled_answers, draft_vocab, export_checkpoint, gen_distil
 from train import medusa_training
 from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
                                    most_frequent_tokens, read_samples, soft_cross_entropy)
+from train.feature_drafter_training import base_features
 from train.prompt_sources import iter_humaneval, iter_sharegpt, iter_sharegpt_later_turns
 
 
@@ -300,6 +301,20 @@ def test_feature_drafter_training_saves_a_drafter_the_tree_builder_and_medusa_ge
         assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again")]) == 0
         again = load_heads(tmp_path / "again", config["hidden_size"], config["vocab_size"])
         assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
+        # data added later: only the new samples' features are computed
+        added = tmp_path / "added.jsonl"
+        records = [json.loads(line) for line in data.read_text().splitlines()[:2]]
+        added.write_text("".join(json.dumps({**r, "output_ids": r["output_ids"] + [7]}) + "\n" for r in records))
+        computed = []
+
+        def counted(model, samples, *args, **kwargs):
+            computed.extend(samples)
+            return base_features(model, samples, *args, **kwargs)
+
+        monkeypatch.setattr(train_feature_drafter, "base_features", counted)
+        with_added = [*common[:common.index("--data") + 2], str(added), *common[common.index("--data") + 2:]]
+        assert train_feature_drafter.main(with_added + ["--out", str(tmp_path / "more")]) == 0
+        assert [s["output_ids"] for s in computed] == [r["output_ids"] + [7] for r in records]
         monkeypatch.undo()
 
     tree_file = tmp_path / "tree.json"

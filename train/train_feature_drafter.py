@@ -9,6 +9,7 @@ as decoding does, saved with the drafter for the runtime's choice of tree. The r
 (config.json + medusa_lm_head.safetensors) that inference/medusa_generate.py --medusa_dir loads.
 """
 
+import hashlib
 import json
 import sys
 import time
@@ -24,8 +25,11 @@ from inference.runtime.feature_drafter import new_feature_drafter
 from inference.runtime.loading import load_base_from_args
 from inference.runtime.medusa_heads import load_heads, save_heads
 from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
-from train.feature_drafter_training import DrafterLoss, base_features, depth_accuracy, feature_samples, train_drafter
+from train.feature_drafter_training import (DrafterLoss, FeatureSample, base_features, depth_accuracy,
+                                            feature_samples, train_drafter)
 from train.medusa_training import draft_vocabulary, read_samples, split_held_out
+
+SAVE_EVERY = 2000  # new samples between two writes of --features_cache (a few minutes of a small model's features)
 
 
 def parse_args(argv=None):
@@ -51,27 +55,39 @@ def parse_args(argv=None):
     parser.add_argument("--online_features", action="store_true",
                         help="run the frozen base model in every training step instead of keeping its features in "
                         "memory (for large models: a 7B model's features take 8 KB per token)")
-    parser.add_argument("--features_cache", help="keep the base features in this file and reuse them while the data, "
-                        "base model and --max_length are the same (training again then skips the base model)")
+    parser.add_argument("--features_cache", help="keep the base features in this file, each sample's by its token "
+                        "ids, and reuse them while the base model, its dtype and --max_length are the same (training "
+                        "again skips the base model; data added later computes only the new samples')")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
 
+def sample_key(sample: FeatureSample) -> str:
+    """What a sample's features depend on besides the base model: its token ids and where its answer starts."""
+    return hashlib.sha1(sample.ids.to(torch.int64).numpy().tobytes() + str(sample.answer_start).encode()).hexdigest()
+
+
 def cached_features(args, model, samples: list[dict], progress) -> list:
-    """`base_features` of `samples`, from `--features_cache` when it was made from the same inputs."""
-    source = {"data": [str(Path(p).resolve()) for p in args.data], "sizes": [Path(p).stat().st_size for p in args.data],
-              "base_model": str(model.config._name_or_path), "dtype": str(model.dtype), "max_length": args.max_length,
-              "seed": args.seed}
+    """`base_features` of `samples`; with `--features_cache`, each sample's features are kept by its token ids,
+    so a later run reads those it has and computes only the new samples' (data added costs only its own). The
+    file is written every SAVE_EVERY new samples, so an interrupted run keeps what it computed."""
+    source = {"base_model": str(model.config._name_or_path), "dtype": str(model.dtype), "max_length": args.max_length}
     path = Path(args.features_cache) if args.features_cache else None
+    known = {}
     if path is not None and path.is_file():
         cached = torch.load(path, weights_only=False)
         if cached.get("source") == source:
-            progress.update(len(samples))
-            return cached["features"]
-    features = base_features(model, samples, args.max_length, progress)
-    if path is not None:
-        replace_atomic(path, lambda staging: torch.save({"source": source, "features": features}, staging))
-    return features
+            known = cached["features"]
+    keys = [sample_key(sample) for sample in feature_samples(samples, args.max_length)]
+    missing = [i for i, key in enumerate(keys) if key not in known]
+    progress.update(len(samples) - len(missing))
+    for start in range(0, len(missing), SAVE_EVERY):
+        chunk = missing[start : start + SAVE_EVERY]
+        known.update(zip((keys[i] for i in chunk), base_features(model, [samples[i] for i in chunk], args.max_length,
+                                                                   progress)))
+        if path is not None:
+            replace_atomic(path, lambda staging: torch.save({"source": source, "features": known}, staging))
+    return [known[key] for key in keys]
 
 
 def proposal_tokens(args, samples: list[dict], model) -> list[int] | None:

@@ -23,8 +23,8 @@ from medusa_model import load_heads, save_heads
 from train import (distilled_answers, draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder,
                    train_feature_drafter, train_medusa)
 from train import medusa_training
-from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, head_targets,
-                                   most_frequent_tokens, read_samples, soft_cross_entropy)
+from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, distinct,
+                                   head_targets, most_frequent_tokens, read_samples, soft_cross_entropy)
 from train.feature_drafter_training import base_features
 from train.prompt_sources import iter_humaneval, iter_sharegpt, iter_sharegpt_later_turns
 
@@ -546,3 +546,9 @@ def test_tree_builder_refuses_more_ranks_than_the_heads_propose_from(distilled, 
                                      "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err
     assert "error: --top_k 41 is more ranks than the heads have (40 tokens" in err and "Traceback" not in err
+
+
+def test_repeated_samples_are_trained_on_once():
+    a, b = {"prompt_ids": [1, 2], "output_ids": [3, 4]}, {"prompt_ids": [1, 2], "output_ids": [3, 5]}
+    c = {"prompt_ids": [9], "output_ids": [3, 4]}
+    assert distinct([a, b, dict(a), c, dict(b)]) == [a, b, c]

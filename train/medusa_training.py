@@ -49,6 +49,19 @@ def read_samples(path: str | Path) -> list[dict]:
     return samples
 
 
+def distinct(samples: list[dict]) -> list[dict]:
+    """`samples` without repeats of an earlier one's prompt and answer (ShareGPT asks some prompts many times): a
+    repeat would weigh its text more in training and, split to the held-out side, score text already trained on."""
+    seen = set()
+    kept = []
+    for sample in samples:
+        key = (tuple(sample["prompt_ids"]), tuple(sample["output_ids"]))
+        if key not in seen:
+            seen.add(key)
+            kept.append(sample)
+    return kept
+
+
 def split_held_out(samples: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
     """(training, held-out) samples: a seeded shuffle, then `fraction` of them (at least one, where there are two
     or more) held out for accuracy."""

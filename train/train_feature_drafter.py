@@ -27,7 +27,7 @@ from inference.runtime.medusa_heads import load_heads, save_heads
 from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
 from train.feature_drafter_training import (DrafterLoss, FeatureSample, base_features, depth_accuracy,
                                             feature_samples, train_drafter)
-from train.medusa_training import draft_vocabulary, read_samples, split_held_out
+from train.medusa_training import distinct, draft_vocabulary, read_samples, split_held_out
 
 SAVE_EVERY = 2000  # new samples between two writes of --features_cache (a few minutes of a small model's features)
 
@@ -111,7 +111,8 @@ def main(argv=None) -> int:
         check_output_dir(args.out)
         torch.manual_seed(args.seed)
         model, _ = load_base_from_args(args)
-        samples = [s for path in args.data for s in read_samples(path)]
+        read = [s for path in args.data for s in read_samples(path)]
+        samples = distinct(read)
         train_samples, eval_samples = split_held_out(samples, args.eval_fraction, args.seed)
         if args.online_features:
             train_features = feature_samples(train_samples, args.max_length)
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
         drafter.config.medusa_head_accuracy = accuracy
         save_heads(drafter.float().cpu(), args.out)
         report = {
-            "data": args.data, "samples": len(samples), "train_samples": len(train_samples),
+            "data": args.data, "samples": len(samples), "repeats_dropped": len(read) - len(samples),
+            "train_samples": len(train_samples),
             "held_out_samples": len(eval_samples), "train_tokens": sum(len(f.ids) for f in train_features),
             "steps": steps, "seconds_features": round(featured - started, 1),
             "seconds_training": round(trained - featured, 1), "seconds": round(time.time() - started, 1),

@@ -4,6 +4,9 @@ import gzip
 import json
 import logging
 import os
+import signal
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -178,6 +181,33 @@ def test_a_vllm_that_stops_is_a_clear_error_with_its_last_log_line(distilled, tm
                                   str(data.parent / "prompts.jsonl"), "--out", str(out), "--max_samples", "2"]) == 2
     assert "vLLM stopped (exit 3): RuntimeError: no memory for the KV cache" in capsys.readouterr().err
     assert not out.exists() or not out.read_text()
+
+
+def test_an_interrupted_vllm_distillation_keeps_its_answers_and_does_not_wait_for_the_batch_under_way(
+        distilled, tmp_path, monkeypatch):
+    directory, data = distilled
+    fake = tmp_path / ".venv-vllm" / "bin" / "python"  # answers one batch, then takes 30 s over the next
+    fake.parent.mkdir(parents=True)
+    second = tmp_path / "second batch"
+    fake.write_text(f"#!/bin/sh\nread batch\necho '[[5, 6, 7]]'\nread batch\ntouch '{second}'\nsleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(gen_distill_data, "ROOT", tmp_path)
+    out = tmp_path / "answers.jsonl"
+
+    def interrupt_during_the_second_batch():
+        deadline = time.monotonic() + 60
+        while not second.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        interrupted.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+
+    interrupted = []
+    threading.Thread(target=interrupt_during_the_second_batch, daemon=True).start()
+    assert gen_distill_data.main(["--engine", "vllm", "--base_model", str(directory), "--prompts",
+                                  str(data.parent / "prompts.jsonl"), "--out", str(out), "--max_samples", "2",
+                                  "--batch_size", "1"]) == 130
+    assert time.monotonic() - interrupted[0] < 10
+    assert [json.loads(line)["output_ids"] for line in out.read_text().splitlines()] == [[5, 6, 7]]
 
 
 def test_a_second_distillation_into_one_file_stops_with_the_reason(distilled, capsys):

@@ -133,7 +133,9 @@ class VllmAnswers:
     def __enter__(self) -> "VllmAnswers":
         return self
 
-    def __exit__(self, *_) -> None:
+    def __exit__(self, error_type, *_) -> None:
+        if error_type is not None:  # interrupted or failed: the batch under way is not written, so vLLM need not finish it
+            self.process.terminate()
         try:
             self.process.stdin.close()
         except BrokenPipeError:  # vLLM already stopped (the error says why)

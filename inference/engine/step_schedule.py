@@ -82,6 +82,7 @@ class AdaptiveSchedule:
         # and from the heads' accuracy (False): the two estimates are off by different factors
         self.acceptance_sums = {True: [0.0, 0.0], False: [0.0, 0.0]}
         self.estimate: tuple[float, bool] = (1.0, False)  # what the running step was expected to emit, and how
+        self.resuming = True  # the next tree step drafts from scratch (a request's first, or one after a plain step)
         self.step_resumes = False  # whether the running step drafts from scratch
         self.pending: list[StepOption] | None = None
         self._install(options, {})
@@ -97,7 +98,6 @@ class AdaptiveSchedule:
         self.basis = [costs.get(o.tokens, o.profile_ms) for o in options]  # the costs decisions are checked against
         self.recent = [deque([costs[o.tokens]] if o.tokens in costs else [], maxlen=WINDOW) for o in options]
         self.resumed = [deque(maxlen=WINDOW) for _ in options]  # costs of tree steps that drafted from scratch
-        self.resuming = True  # the next tree step drafts from scratch (a request's first, or one after a plain step)
         self.probes = self._probe_order(known=costs)
         self.decided: int | None = None
         self.plain_run, self.recheck_every = 0, RECHECK
@@ -125,7 +125,8 @@ class AdaptiveSchedule:
             return statistics.median(self.recent[index])
         run = [i for i, recent in enumerate(self.recent) if recent]
         scale = statistics.median(statistics.median(self.recent[i]) / self.basis[i] for i in run) if run else 1.0
-        return min([self.basis[index] * scale, *([statistics.median(self.resumed[index])] if self.resumed[index] else [])])
+        scaled = self.basis[index] * scale
+        return min(scaled, statistics.median(self.resumed[index])) if self.resumed[index] else scaled
 
     def resume_ms(self, index: int) -> float:
         """What a tree step of option `index` costs more when it drafts from scratch (0 until one has run)."""

@@ -374,6 +374,30 @@ def test_a_drafter_trained_on_a_bf16_base_is_scored_as_it_drafts_and_saved_in_fp
     assert all(p.dtype == torch.float32 for p in drafter.parameters())
 
 
+def test_a_drafter_trained_from_another_starts_from_its_weights_and_proposes_from_the_runs_vocabulary(distilled,
+                                                                                                      tmp_path, capsys):
+    directory, data = distilled
+    common = ["--base_model", str(directory), "--data", str(data), "--levels", "2", "--tokens_per_batch", "256",
+              "--dtype", "fp32"]
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "first"), "--epochs", "1",
+                                                "--draft_vocab_size", "20"]) == 0
+    config = json.loads((tmp_path / "first" / "config.json").read_text())
+    first = load_heads(tmp_path / "first", config["hidden_size"], config["vocab_size"])
+    # a learning rate this small leaves the weights where they started
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "further"), "--epochs", "1", "--lr", "1e-12",
+                                                "--init", str(tmp_path / "first"), "--draft_vocab_size", "25"]) == 0
+    further = load_heads(tmp_path / "further", config["hidden_size"], config["vocab_size"])
+    assert len(further.draft_vocab) == 25
+    layer = [k for k in first.state_dict() if k != "draft_vocab"]
+    assert all(torch.allclose(first.state_dict()[k], further.state_dict()[k], atol=1e-6) for k in layer)
+    heads = tmp_path / "heads"
+    assert train_medusa.main(["--base_model", str(directory), "--data", str(data), "--out", str(heads),
+                              "--num_heads", "2", "--epochs", "1", "--dtype", "fp32"]) == 0
+    capsys.readouterr()
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "none"), "--init", str(heads)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--init {heads} is not a feature drafter for this base model")
+
+
 def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_each_target(distilled, tiny_pangu):
     directory, data = distilled
     model = tiny_pangu[1]

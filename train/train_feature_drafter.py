@@ -21,7 +21,7 @@ from inference.runtime.arguments import (ArgumentParser, add_model_args, fractio
                                          positive_int)
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.errors import UserError, run_command
-from inference.runtime.feature_drafter import new_feature_drafter
+from inference.runtime.feature_drafter import FeatureDrafter, feature_layer_fields, new_feature_drafter
 from inference.runtime.loading import load_base_from_args
 from inference.runtime.medusa_heads import load_heads, save_heads
 from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
@@ -43,6 +43,9 @@ def parse_args(argv=None):
     vocab.add_argument("--draft_vocab_size", type=positive_int,
                        help="propose from the K most frequent answer tokens only (K/V of the projection's cost)")
     vocab.add_argument("--draft_vocab_from", help="propose from the draft vocabulary of these heads (a heads directory)")
+    parser.add_argument("--init", help="start from this feature drafter's weights (a drafter directory) to train it "
+                        "further; it proposes from the draft vocabulary the options above give, else from its own (the held-out "
+                        "accuracy may then count samples the first run trained on)")
     parser.add_argument("--epochs", type=positive_float, default=4.0)
     parser.add_argument("--lr", type=positive_float, default=1e-3)
     parser.add_argument("--tokens_per_batch", type=positive_int, default=4096, help="padded tokens per batch")
@@ -90,7 +93,19 @@ def cached_features(args, model, samples: list[dict], progress) -> list:
     return [known[key] for key in keys]
 
 
-def proposal_tokens(args, samples: list[dict], model) -> list[int] | None:
+def initial_drafter(args, model) -> FeatureDrafter | None:
+    """The drafter --init names, checked to have the layer a new drafter for `model` would have."""
+    if not args.init:
+        return None
+    drafter = load_heads(args.init, model.config.hidden_size, model.config.vocab_size)
+    if not isinstance(drafter, FeatureDrafter) or drafter.fields != feature_layer_fields(model.config):
+        raise UserError(f"--init {args.init} is not a feature drafter for this base model")
+    return drafter
+
+
+def proposal_tokens(args, samples: list[dict], model, initial: FeatureDrafter | None) -> list[int] | None:
+    if initial is not None and not (args.draft_vocab_from or args.draft_vocab_size):
+        return None if initial.draft_vocab is None else initial.draft_vocab.tolist()
     if args.draft_vocab_from:
         heads = load_heads(args.draft_vocab_from, model.config.hidden_size, model.config.vocab_size)
         if heads.draft_vocab is None:
@@ -111,6 +126,7 @@ def main(argv=None) -> int:
         check_output_dir(args.out)
         torch.manual_seed(args.seed)
         model, _ = load_base_from_args(args)
+        initial = initial_drafter(args, model)
         read = [s for path in args.data for s in read_samples(path)]
         samples = distinct(read)
         train_samples, eval_samples = split_held_out(samples, args.eval_fraction, args.seed)
@@ -122,8 +138,11 @@ def main(argv=None) -> int:
                 features = cached_features(args, model, eval_samples + train_samples, progress)
             train_features, eval_features = features[len(eval_samples):], features[: len(eval_samples)]
         featured = time.time()
-        draft_ids = proposal_tokens(args, train_samples, model)
-        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids).to(model.device)
+        draft_ids = proposal_tokens(args, train_samples, model, initial)
+        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids)
+        if initial is not None:  # its layer's weights (the fields match); the draft vocabulary is this run's
+            drafter.load_state_dict({k: v for k, v in initial.state_dict().items() if k != "draft_vocab"}, strict=False)
+        drafter = drafter.to(model.device)
         loss_fn = DrafterLoss(drafter, model, args.unroll, args.token_weight)
         history = []
         with tqdm(desc="training", unit="batch") as progress:

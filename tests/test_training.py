@@ -20,6 +20,7 @@ from inference.runtime.errors import UserError
 from inference.runtime.loading import load_causal_lm
 from inference.runtime.outputs import exclusive
 from inference.runtime.feature_drafter import FeatureDrafter
+from inference.runtime.medusa_heads import MedusaHeads
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
 from medusa_model import load_heads, save_heads
@@ -396,6 +397,26 @@ def test_a_drafter_trained_from_another_starts_from_its_weights_and_proposes_fro
     capsys.readouterr()
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "none"), "--init", str(heads)]) == 2
     assert capsys.readouterr().err.strip().endswith(f"--init {heads} is not a feature drafter for this base model")
+
+
+def test_a_draft_vocabulary_cut_keeps_its_most_frequent_tokens_for_heads_and_for_a_feature_drafter(distilled,
+                                                                                                    tmp_path, capsys):
+    directory, data = distilled
+    common = ["--base_model", str(directory), "--data", str(data), "--epochs", "1", "--dtype", "fp32",
+              "--draft_vocab_size", "20"]
+    assert train_medusa.main(common + ["--out", str(tmp_path / "heads"), "--num_heads", "2",
+                                       "--head_input", "hidden_and_path"]) == 0
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "drafter"), "--levels", "2",
+                                                "--tokens_per_batch", "256"]) == 0
+    for name, kind in [("heads", MedusaHeads), ("drafter", FeatureDrafter)]:
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        before = load_heads(tmp_path / name, config["hidden_size"], config["vocab_size"])
+        assert draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "20"]) == 2  # not a cut
+        assert draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "8"]) == 0
+        after = load_heads(tmp_path / name, config["hidden_size"], config["vocab_size"])
+        assert isinstance(after, kind) and after.draft_vocab.tolist() == before.draft_vocab.tolist()[:8]
+        assert all(torch.equal(before.state_dict()[k], v) for k, v in after.state_dict().items() if k != "draft_vocab")
+    assert "--keep" in capsys.readouterr().err
 
 
 def test_cached_rows_carry_the_true_next_tokens_and_the_base_distribution_over_each_target(distilled, tiny_pangu):

@@ -89,7 +89,7 @@ def check_accuracy_table(table) -> None:
 
 class DraftVocabulary:
     """What every drafter shares about the tokens it proposes: the whole vocabulary, or a draft vocabulary (the
-    `draft_vocab` buffer) scored through those rows of the shared lm_head."""
+    `draft_vocab` buffer, most frequent token first) scored through those rows of the shared lm_head."""
 
     def init_draft_vocab(self, config: MedusaConfig) -> None:
         if config.medusa_draft_vocab_size is not None:

@@ -12,7 +12,7 @@ Heads that already carry a draft vocabulary get no other: heads trained over one
 scored. `--keep K` cuts one to its K most frequent tokens instead (rows they did learn), for hardware where
 scoring the whole draft vocabulary costs more than the proposals it adds:
 
-    python train/draft_vocab.py --heads train/demo_drafter --keep 4096
+    python train/draft_vocab.py --heads runs/drafter16k --keep 4096
 """
 
 import sys

@@ -375,6 +375,12 @@ def test_a_drafter_trained_on_a_bf16_base_is_scored_as_it_drafts_and_saved_in_fp
     assert all(p.dtype == torch.float32 for p in drafter.parameters())
 
 
+def saved_heads(directory: Path):
+    """The heads or drafter a training run saved in `directory`, loaded by their own config."""
+    config = json.loads((directory / "config.json").read_text())
+    return load_heads(directory, config["hidden_size"], config["vocab_size"])
+
+
 def test_a_drafter_trained_from_another_starts_from_its_weights_and_proposes_from_the_runs_vocabulary(distilled,
                                                                                                       tmp_path, capsys):
     directory, data = distilled
@@ -382,12 +388,11 @@ def test_a_drafter_trained_from_another_starts_from_its_weights_and_proposes_fro
               "--dtype", "fp32"]
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "first"), "--epochs", "1",
                                                 "--draft_vocab_size", "20"]) == 0
-    config = json.loads((tmp_path / "first" / "config.json").read_text())
-    first = load_heads(tmp_path / "first", config["hidden_size"], config["vocab_size"])
+    first = saved_heads(tmp_path / "first")
     # a learning rate this small leaves the weights where they started
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "further"), "--epochs", "1", "--lr", "1e-12",
                                                 "--init", str(tmp_path / "first"), "--draft_vocab_size", "25"]) == 0
-    further = load_heads(tmp_path / "further", config["hidden_size"], config["vocab_size"])
+    further = saved_heads(tmp_path / "further")
     assert len(further.draft_vocab) == 25
     layer = [k for k in first.state_dict() if k != "draft_vocab"]
     assert all(torch.allclose(first.state_dict()[k], further.state_dict()[k], atol=1e-6) for k in layer)
@@ -409,11 +414,10 @@ def test_a_draft_vocabulary_cut_keeps_its_most_frequent_tokens_for_heads_and_for
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "drafter"), "--levels", "2",
                                                 "--tokens_per_batch", "256"]) == 0
     for name, kind in [("heads", MedusaHeads), ("drafter", FeatureDrafter)]:
-        config = json.loads((tmp_path / name / "config.json").read_text())
-        before = load_heads(tmp_path / name, config["hidden_size"], config["vocab_size"])
+        before = saved_heads(tmp_path / name)
         assert draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "20"]) == 2  # not a cut
         assert draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "8"]) == 0
-        after = load_heads(tmp_path / name, config["hidden_size"], config["vocab_size"])
+        after = saved_heads(tmp_path / name)
         assert isinstance(after, kind) and after.draft_vocab.tolist() == before.draft_vocab.tolist()[:8]
         assert all(torch.equal(before.state_dict()[k], v) for k, v in after.state_dict().items() if k != "draft_vocab")
     assert "--keep" in capsys.readouterr().err

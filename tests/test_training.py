@@ -416,6 +416,8 @@ def test_a_draft_vocabulary_cut_keeps_its_most_frequent_tokens_for_heads_and_for
     for name, kind in [("heads", MedusaHeads), ("drafter", FeatureDrafter)]:
         before = saved_heads(tmp_path / name)
         assert draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "20"]) == 2  # not a cut
+        with pytest.raises(SystemExit):  # a cut counts nothing: data given with it would be ignored
+            draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "8", "--data", str(data)])
         assert draft_vocab.main(["--heads", str(tmp_path / name), "--keep", "8"]) == 0
         after = saved_heads(tmp_path / name)
         assert isinstance(after, kind) and after.draft_vocab.tolist() == before.draft_vocab.tolist()[:8]

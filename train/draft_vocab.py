@@ -32,10 +32,11 @@ from train.medusa_training import draft_vocabulary, read_samples
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, help="heads directory to update in place (train_medusa.py --out)")
-    parser.add_argument("--data", help="distillation JSONL the frequencies are counted on")
-    parser.add_argument("--size", type=positive_int, default=8192, help="tokens kept (fewer if the data has fewer distinct ones)")
-    parser.add_argument("--keep", type=positive_int, help="heads (or a feature drafter) with a draft vocabulary: keep "
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", help="distillation JSONL the frequencies are counted on")
+    source.add_argument("--keep", type=positive_int, help="heads (or a feature drafter) with a draft vocabulary: keep "
                         "only its K most frequent tokens (no --data needed)")
+    parser.add_argument("--size", type=positive_int, default=8192, help="tokens kept (fewer if the data has fewer distinct ones)")
     return parser.parse_args(argv)
 
 

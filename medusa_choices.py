@@ -98,19 +98,23 @@ class DynamicTree:
     children, and the `nodes` most likely nodes of all (likelihood = product of the probabilities on the
     path) are verified. Confident steps get deep chains, uncertain ones wide levels, for the same cost.
     `lookup` more candidates come from the text so far (inference/engine/context_lookup.py): a chain of up to that
-    many tokens below the root, which competes for the same `nodes`. The defaults were chosen on held-out
-    data (train/demo_heads/README.md)."""
+    many tokens below the root, which competes for the same `nodes`. `levels` caps the levels drafted (None: one
+    per head): each costs a drafter call, and a small tree rarely keeps the deepest. The defaults were chosen on
+    held-out data (train/demo_heads/README.md)."""
 
     nodes: int = 16
     top_k: int = 8
     expand: int = 4
     lookup: int = DEFAULT_LOOKUP
+    levels: int | None = None
 
     def __post_init__(self):
         values = (self.nodes, self.top_k, self.expand, self.lookup)
         if not all(_is_int(v) for v in values) or self.nodes < 1 or self.top_k < 1 \
-                or not 1 <= self.expand <= self.top_k or self.lookup < 0:
-            raise TreeError("a dynamic tree needs integers nodes >= 1, top_k >= 1, 1 <= expand <= top_k and lookup >= 0")
+                or not 1 <= self.expand <= self.top_k or self.lookup < 0 \
+                or not (self.levels is None or _is_int(self.levels) and self.levels >= 1):
+            raise TreeError("a dynamic tree needs integers nodes >= 1, top_k >= 1, 1 <= expand <= top_k, lookup >= 0 "
+                            "and levels >= 1 (or None)")
         # a chain longer than the tree cannot be verified: its tokens past the node count would only cost
         object.__setattr__(self, "lookup", min(self.lookup, self.nodes))
 
@@ -121,11 +125,16 @@ class DynamicTree:
         lookup = "" if self.lookup == min(DEFAULT_LOOKUP, self.nodes) else f":{LOOKUP}={self.lookup}"
         shape = "" if (self.top_k, self.expand) == (DynamicTree.top_k, DynamicTree.expand) \
             else f":top_k={self.top_k}:expand={self.expand}"
-        return f"{DYNAMIC}:{self.nodes}{lookup}{shape}"
+        levels = "" if self.levels is None else f":{LEVELS}={self.levels}"
+        return f"{DYNAMIC}:{self.nodes}{lookup}{shape}{levels}"
+
+    def head_levels(self, num_heads: int) -> int:
+        """Levels the heads draft: one per head, `levels` at most."""
+        return num_heads if self.levels is None else min(self.levels, num_heads)
 
     def depth(self, num_heads: int) -> int:
-        """Levels of the deepest possible node: one per head, or the lookup chain where that is longer."""
-        return max(num_heads, self.lookup)
+        """Levels of the deepest possible node: the heads' levels, or the lookup chain where that is longer."""
+        return max(self.head_levels(num_heads), self.lookup)
 
     def candidates(self, depth: int) -> int:
         """Nodes scored per step when drafting `depth` levels: top_k at level 1, expand * top_k below."""
@@ -133,17 +142,20 @@ class DynamicTree:
 
     def fits(self, num_heads: int) -> bool:
         """Whether `num_heads` heads score at least `nodes` candidates."""
-        return self.nodes <= self.candidates(num_heads)
+        return self.nodes <= self.candidates(self.head_levels(num_heads))
 
     def checked(self, num_heads: int) -> "DynamicTree":
         if not self.fits(num_heads):
-            raise TreeError(f"a dynamic tree of {self.nodes} nodes needs more candidates than {num_heads} heads "
-                            f"score ({self.candidates(num_heads)} with top_k {self.top_k}, expand {self.expand})")
+            levels = self.head_levels(num_heads)
+            raise TreeError(f"a dynamic tree of {self.nodes} nodes needs more candidates than the heads score over "
+                            f"{levels} level{'' if levels == 1 else 's'} ({self.candidates(levels)} with top_k "
+                            f"{self.top_k}, expand {self.expand})")
         return self
 
 
 DYNAMIC = "dynamic"
 LOOKUP = "lookup"
+LEVELS = "levels"
 
 
 def ranks_taken(tree: Tree | DynamicTree) -> int:
@@ -153,24 +165,27 @@ def ranks_taken(tree: Tree | DynamicTree) -> int:
 
 def parse_dynamic(name: str) -> DynamicTree | None:
     """`dynamic` (16 nodes), `dynamic:N`, and either with any of `:lookup=K` (K context-lookup candidates, 0 for
-    none), `:top_k=K` and `:expand=E` as a DynamicTree (`dynamic:5:top_k=1:expand=1:lookup=0` is a chain of 5);
-    None for any other name."""
+    none), `:top_k=K`, `:expand=E` and `:levels=L` (L drafted levels at most) as a DynamicTree
+    (`dynamic:5:top_k=1:expand=1:lookup=0` is a chain of 5); None for any other name."""
     prefix, *fields = name.split(":")
     if prefix != DYNAMIC:
         return None
-    values = {"nodes": DynamicTree.nodes, LOOKUP: DEFAULT_LOOKUP, "top_k": DynamicTree.top_k, "expand": DynamicTree.expand}
+    values = {"nodes": DynamicTree.nodes, LOOKUP: DEFAULT_LOOKUP, "top_k": DynamicTree.top_k, "expand": DynamicTree.expand,
+              LEVELS: None}
     if fields and fields[0].isdigit():
         values["nodes"] = int(fields.pop(0))
     for field in fields:
         key, _, value = field.partition("=")
-        if key not in ("top_k", "expand", LOOKUP) or not value.isdigit():
-            raise TreeError(f"{name!r}: a dynamic tree is written dynamic[:N][:lookup=K][:top_k=K][:expand=E] (N nodes, "
-                            "K of them at most from context lookup; e.g. dynamic:16 or dynamic:16:lookup=0)")
+        if key not in ("top_k", "expand", LOOKUP, LEVELS) or not value.isdigit():
+            raise TreeError(f"{name!r}: a dynamic tree is written dynamic[:N][:lookup=K][:top_k=K][:expand=E][:levels=L] "
+                            "(N nodes, K of them at most from context lookup, L drafted levels at most; e.g. dynamic:16 "
+                            "or dynamic:16:lookup=0)")
         values[key] = int(value)
     if f"{LOOKUP}=" in name and values[LOOKUP] > values["nodes"]:
         raise TreeError(f"{name!r}: a lookup chain of {values[LOOKUP]} tokens does not fit in {values['nodes']} nodes "
                         "(lookup=K needs K <= N; a longer chain cannot be verified)")
-    return DynamicTree(values["nodes"], values["top_k"], min(values["expand"], values["top_k"]), values[LOOKUP])
+    return DynamicTree(values["nodes"], values["top_k"], min(values["expand"], values["top_k"]), values[LOOKUP],
+                       values[LEVELS])
 
 
 def load_tree(name_or_file: str, num_heads: int | None = None) -> Tree | DynamicTree:

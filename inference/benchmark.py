@@ -48,8 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--medusa_dir", help="heads directory (default: the demo heads, else untrained heads)")
     parser.add_argument("--medusa_choices", default="auto",
                         help="auto (chosen for this machine), heads (saved with the heads), a tree name or JSON file, "
-                        "or dynamic[:N][:lookup=K] (N nodes chosen at every step from the heads' probabilities and up to K "
-                        "context-lookup tokens; lookup=0: the heads alone)")
+                        "or dynamic[:N][:lookup=K][:levels=L] (N nodes chosen at every step from the heads' probabilities, "
+                        "drafted L levels deep at most, and up to K context-lookup tokens; lookup=0: the heads alone)")
     parser.add_argument("--prompts", help="jsonl with 'prompt', MT-Bench 'turns' (first turn) or ShareGPT "
                         "'conversations'; optional 'category' (default: the built-in mixed set)")
     parser.add_argument("--num_prompts", type=positive_int, help="use the first N prompts")

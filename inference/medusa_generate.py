@@ -32,10 +32,11 @@ def build_parser():
                         help="tree: auto (the fastest here, from the heads' measured accuracy and this machine's "
                         "calibrated step costs; plain decoding if no tree pays), heads (the tree saved with the "
                         f"heads), one of {', '.join(NAMED_TREES)}, a JSON file from train/medusa_tree_builder.py, or "
-                        "dynamic[:N][:lookup=K]: N nodes (default 16) chosen at every step from the heads' "
-                        f"probabilities and up to K (default {DEFAULT_LOOKUP}, 0: none) tokens that followed the "
-                        "text's last tokens where they occurred before; auto uses dynamic trees with lookup for "
-                        "heads that propose after verification")
+                        "dynamic[:N][:lookup=K][:levels=L]: N nodes (default 16) chosen at every step from the "
+                        "heads' probabilities, drafted L levels deep at most (default: one per head), and up to K "
+                        f"(default {DEFAULT_LOOKUP}, 0: none) tokens that followed the text's last tokens where they "
+                        "occurred before; auto uses dynamic trees with lookup for heads that propose after "
+                        "verification, as many levels deep as the best fixed tree of their size")
     medusa.add_argument("--acceptance", choices=ACCEPTANCE_RULES,
                         help="greedy (exact), sample (lossless sampling), typical (lossy); default: greedy when "
                         "--temperature is 0, else sample")

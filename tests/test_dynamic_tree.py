@@ -64,7 +64,7 @@ def test_dynamic_tree_names_and_limits():
             load_tree(name)
     with pytest.raises(TreeError, match="nodes >= 1"):
         load_tree("dynamic:0")
-    with pytest.raises(TreeError, match="needs more candidates than 1 heads"):
+    with pytest.raises(TreeError, match="than the heads score over 1 level "):
         load_tree("dynamic:9", num_heads=1)  # one head scores top_k = 8 candidates
     assert load_tree("dynamic:8", num_heads=1).nodes == 8
     with pytest.raises(TreeError, match="does not fit in 16 nodes"):
@@ -72,6 +72,32 @@ def test_dynamic_tree_names_and_limits():
     assert DynamicTree(4).lookup == 4 and str(DynamicTree(4)) == "dynamic:4"  # the default, capped
     with pytest.raises(TreeError, match="integers"):
         DynamicTree(True)
+
+
+def test_levels_cap_the_drafted_levels_and_so_the_depth_and_candidates():
+    capped = load_tree("dynamic:12:lookup=0:levels=2")
+    assert capped == DynamicTree(12, lookup=0, levels=2) and str(capped) == "dynamic:12:lookup=0:levels=2"
+    assert capped.head_levels(5) == 2 and capped.head_levels(1) == 1 and DynamicTree(12).head_levels(5) == 5
+    assert capped.depth(5) == 2 and DynamicTree(12, levels=2).depth(5) == 12  # the lookup chain reaches deeper
+    assert not DynamicTree(41, levels=2).fits(5) and DynamicTree(40, levels=2).fits(5)  # 8 + 4 * 8 candidates
+    with pytest.raises(TreeError, match="than the heads score over 2 levels"):
+        load_tree("dynamic:41:levels=2", num_heads=5)
+    with pytest.raises(TreeError, match="levels >= 1"):
+        load_tree("dynamic:12:levels=0")
+
+
+def test_a_dynamic_tree_with_levels_drafts_that_many_levels_of_the_heads(tiny_pangu):
+    model = tiny_pangu[1]
+    heads = random_heads(model, num_heads=3, std=0.3, head_input="hidden_and_path")
+    decoder = MedusaDecoder(model, heads)
+    tree = DynamicTree(nodes=12, top_k=4, expand=3, lookup=0, levels=2)
+    embeddings, lm_head = model.get_input_embeddings(), decoder.proposal_lm_head()
+    hidden = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        draft = draft_dynamic_tree(heads, embeddings, lm_head, hidden, torch.tensor([5]), tree, tree.depth(3))
+        scores = reference_candidates(heads, embeddings, lm_head, hidden, 5, tree, depth=2)
+    assert set(token_paths(draft)[1:]) == set(sorted(scores, key=lambda p: -scores[p])[:12])
+    assert draft.paths.shape[1] == 3 and max(draft.position_offsets[0].tolist()) == 2
 
 
 def token_paths(draft) -> list[tuple[int, ...]]:

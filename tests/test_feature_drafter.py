@@ -121,6 +121,18 @@ def test_trees_of_other_sizes_share_the_drafters_candidates(tiny, fitted):
         assert decode_ids(decoder, prompt, schedule) == reference
 
 
+def test_a_tree_with_levels_drafts_that_many_levels_of_the_feature_drafter(tiny, fitted):
+    model, prompts, references = tiny
+    decoder, stats, tree = MedusaDecoder(model, fitted), DecodeStats(), load_tree("dynamic:16:lookup=0:levels=2")
+    for prompt, reference in zip(prompts, references):
+        assert decode_ids(decoder, prompt, tree, stats) == reference
+    drafter = decoder.drafter(tree)
+    with torch.inference_mode():
+        candidates = drafter.score(drafter.cache.state, torch.tensor([len(prompts[-1])]))
+    assert candidates.depths.max().item() == 2 and len(candidates.tokens) == tree.candidates(2)
+    assert stats.tokens_per_step >= MIN_TOKENS_PER_STEP["chain"], stats.tokens_per_step
+
+
 def test_the_feature_drafter_refuses_a_fixed_tree(tiny_pangu):
     model = tiny_pangu[1]
     decoder = MedusaDecoder(model, random_heads(model, head_input="features"))

@@ -87,7 +87,8 @@ def test_a_given_tree_is_kept_and_its_gain_estimated():
 def test_heads_that_propose_after_verification_get_a_dynamic_tree_of_the_size_chosen():
     fixed = choose_runtime(NATIVE_BF16, 3, demo_accuracy())
     dynamic = choose_runtime(NATIVE_BF16, 3, demo_accuracy(), dynamic=True)
-    assert dynamic.tree == DynamicTree(len(fixed.tree)) and dynamic.dtype == fixed.dtype
+    # drafting as many levels as the best fixed tree of that size is deep
+    assert dynamic.tree == DynamicTree(len(fixed.tree), levels=max(map(len, fixed.tree))) and dynamic.dtype == fixed.dtype
     assert dynamic.expected_tokens_per_step == fixed.expected_tokens_per_step  # the fixed tree's: a floor
     assert f"{fixed.tree_tokens}-token dynamic tree" in dynamic.reason
     assert choose_runtime(AVX2, 3, demo_accuracy(), dynamic=True).tree is None  # plain still wins there
@@ -163,6 +164,8 @@ def test_a_chosen_tree_competes_at_every_step_with_the_sizes_next_to_it_and_the_
     first, *trees, plain = choice.options
     assert first.tree == choice.tree and plain.tree is None and len(trees) == 2
     assert all(isinstance(o.tree, DynamicTree) for o in (first, *trees))
+    assert [o.tree.levels for o in (first, *trees)] == [max(map(len, best_tree(demo_accuracy()[:5], o.tokens - 1)[0]))
+                                                        for o in (first, *trees)]
     assert len({o.tokens for o in choice.options}) == 4
     position = SIZES.index(first.tokens)  # the sizes next to the chosen one, so corrections can walk the sizes
     assert [o.tokens for o in trees] == [SIZES[position - 1], SIZES[position + 1]]

@@ -137,7 +137,7 @@ def score_levels(tree: DynamicTree, levels: int, start, log_probs, expand, token
 def score_candidates(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module, hidden: torch.Tensor,
                      root: torch.Tensor, tree: DynamicTree) -> Candidates:
     """The heads' candidates below `root` [1] at the position whose hidden state is `hidden` [1, H], one level per
-    head; each head reads the token paths (root first) of the nodes it expands."""
+    head (`tree.levels` at most); each head reads the token paths (root first) of the nodes it expands."""
 
     def log_probs(paths: torch.Tensor, level: int) -> torch.Tensor:
         state = heads.head_state(level, hidden.expand(paths.shape[0], -1), embeddings(paths))
@@ -146,7 +146,8 @@ def score_candidates(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Module
     def expand(paths: torch.Tensor, level: int, parent: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return torch.cat([paths.index_select(0, parent), tokens.unsqueeze(1)], dim=1)
 
-    return score_levels(tree, heads.num_heads, root.view(1, 1), log_probs, expand, heads.token_ids, hidden.device)
+    return score_levels(tree, tree.head_levels(heads.num_heads), root.view(1, 1), log_probs, expand, heads.token_ids,
+                        hidden.device)
 
 
 def select_nodes(candidates: Candidates, root: torch.Tensor, tree: DynamicTree, head_depth: int, depth: int,
@@ -185,7 +186,7 @@ def draft_dynamic_tree(heads: nn.Module, embeddings: nn.Module, lm_head: nn.Modu
     context-lookup tokens (as `lookup_chain` lays them out), up to `tree.lookup` deep along that chain below
     the root, as a `Draft` of `tree.nodes + 1` nodes."""
     candidates = score_candidates(heads, embeddings, lm_head, hidden, root, tree)
-    return select_nodes(candidates, root, tree, heads.num_heads, depth, chain)
+    return select_nodes(candidates, root, tree, tree.head_levels(heads.num_heads), depth, chain)
 
 
 def expected_tokens(head_probabilities: list[float], chain_log_scores: list[float], nodes: int) -> float:

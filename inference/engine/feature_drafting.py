@@ -111,13 +111,17 @@ class FeatureTreeDrafter:
         return self.tree.nodes + 1
 
     @property
+    def levels(self) -> int:
+        return self.tree.head_levels(self.drafter.num_heads)
+
+    @property
     def carry_kind(self) -> tuple:
-        return ("feature candidates", self.tree.top_k, self.tree.expand)
+        return ("feature candidates", self.tree.top_k, self.tree.expand, self.levels)
 
     @property
     def scratch(self) -> int:
         """Draft slots after the text's: one per node read below the root's children."""
-        return sum(expanded_widths(self.tree, self.drafter.num_heads))
+        return sum(expanded_widths(self.tree, self.levels))
 
     @property
     def cache(self) -> FeatureCache:
@@ -161,7 +165,7 @@ class FeatureTreeDrafter:
         return candidates, candidates.scores.exp().sort(descending=True).values
 
     def draft(self, carry: Carry, chain) -> Draft:
-        return select_nodes(carry.drafted, carry.root, self.tree, self.drafter.num_heads, self.depth, chain)
+        return select_nodes(carry.drafted, carry.root, self.tree, self.levels, self.depth, chain)
 
     def score(self, state: torch.Tensor, length: torch.Tensor) -> Candidates:
         """The drafter's candidates below the root at text length `length` [1] (the root's position), from its
@@ -170,7 +174,7 @@ class FeatureTreeDrafter:
         its own path; its outputs score their children."""
         cache, device = self.cache, state.device
         text_visible = torch.arange(cache.slots, device=device) < length  # [slots]; scratch slots are >= length
-        widths = expanded_widths(self.tree, self.drafter.num_heads)
+        widths = expanded_widths(self.tree, self.levels)
 
         def log_probs(drafted: tuple, level: int) -> torch.Tensor:
             return self.drafter.project(drafted[0], self.lm_head).float().log_softmax(-1)
@@ -187,4 +191,4 @@ class FeatureTreeDrafter:
             return states, on_path
 
         start = (state, torch.zeros((1, cache.slots), dtype=torch.bool, device=device))
-        return score_levels(self.tree, self.drafter.num_heads, start, log_probs, expand, self.drafter.token_ids, device)
+        return score_levels(self.tree, self.levels, start, log_probs, expand, self.drafter.token_ids, device)

@@ -193,8 +193,8 @@ class DynamicTreeDrafter:
 
     @property
     def carry_kind(self) -> tuple:
-        """The heads' candidates, which serve a dynamic tree of any node count with the same top_k and expand."""
-        return ("candidates", self.tree.top_k, self.tree.expand)
+        """The heads' candidates, which serve a dynamic tree of any node count with the same top_k, expand and levels."""
+        return ("candidates", self.tree.top_k, self.tree.expand, self.tree.head_levels(self.heads.num_heads))
 
     def carried(self, carry: Carry) -> Candidates:
         return self._candidates(carry.root, carry.hidden)
@@ -213,7 +213,8 @@ class DynamicTreeDrafter:
         return candidates, candidates.scores.exp().sort(descending=True).values
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
-        return select_nodes(carry.drafted, carry.root, self.tree, self.heads.num_heads, self.depth, chain)
+        return select_nodes(carry.drafted, carry.root, self.tree, self.tree.head_levels(self.heads.num_heads), self.depth,
+                            chain)
 
 
 Drafter = FixedTreeDrafter | DynamicTreeDrafter | FeatureTreeDrafter

@@ -90,7 +90,7 @@ def test_heads_that_propose_after_verification_get_a_dynamic_tree_of_the_size_ch
     # drafting as many levels as the best fixed tree of that size is deep
     assert dynamic.tree == DynamicTree(len(fixed.tree), levels=max(map(len, fixed.tree))) and dynamic.dtype == fixed.dtype
     assert dynamic.expected_tokens_per_step == fixed.expected_tokens_per_step  # the fixed tree's: a floor
-    assert f"{fixed.tree_tokens}-token dynamic tree" in dynamic.reason
+    assert f"{fixed.tree_tokens}-token dynamic tree ({dynamic.tree.levels} levels)" in dynamic.reason
     assert choose_runtime(AVX2, 3, demo_accuracy(), dynamic=True).tree is None  # plain still wins there
 
 

@@ -117,7 +117,8 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                              1.0, 1.0)
     kind = "tree"
     if dynamic and tree is None and dynamic_like(best_nodes).fits(num_heads):
-        best_nodes, kind, estimate = dynamic_like(best_nodes), "dynamic tree", f"at least {estimate}"
+        best_nodes = dynamic_like(best_nodes)
+        kind, estimate = f"dynamic tree ({best_nodes.levels} levels)", f"at least {estimate}"
     elif isinstance(best_nodes, DynamicTree):
         kind = "dynamic tree"
     return RuntimeChoice(best_dtype, best_nodes, plain_dtype,

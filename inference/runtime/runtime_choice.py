@@ -158,10 +158,10 @@ def _tree_ladder(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[f
     trees = []
     for tokens in sorted(profile.step_ms[dtype]):
         nodes, expected = best_tree(accuracy, tokens - 1)
-        if like is not None:
-            if not dynamic_like(nodes, like).fits(num_heads):
+        if like is not None:  # as many levels as `like`, so every size verifies the candidates that one scored
+            if not replace(like, nodes=tokens - 1).fits(num_heads):
                 continue
-            nodes = dynamic_like(nodes, like)
+            nodes = replace(like, nodes=tokens - 1)
         trees.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
     return trees
 

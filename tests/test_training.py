@@ -200,7 +200,9 @@ def test_an_interrupted_vllm_distillation_keeps_its_answers_and_does_not_wait_fo
         while not second.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         interrupted.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+        # Ctrl-C, sent to the main thread: sent to the process, the kernel may hand it to this thread, and the
+        # main thread's blocking read would then not be interrupted until vLLM's 30 s are over
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     interrupted = []
     threading.Thread(target=interrupt_during_the_second_batch, daemon=True).start()

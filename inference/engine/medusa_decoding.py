@@ -192,9 +192,13 @@ class DynamicTreeDrafter:
         return self.tree.nodes + 1
 
     @property
+    def levels(self) -> int:
+        return self.tree.head_levels(self.heads.num_heads)
+
+    @property
     def carry_kind(self) -> tuple:
         """The heads' candidates, which serve a dynamic tree of any node count with the same top_k, expand and levels."""
-        return ("candidates", self.tree.top_k, self.tree.expand, self.tree.head_levels(self.heads.num_heads))
+        return ("candidates", self.tree.top_k, self.tree.expand, self.levels)
 
     def carried(self, carry: Carry) -> Candidates:
         return self._candidates(carry.root, carry.hidden)
@@ -213,8 +217,7 @@ class DynamicTreeDrafter:
         return candidates, candidates.scores.exp().sort(descending=True).values
 
     def draft(self, carry: Carry, chain: Chain | None) -> Draft:
-        return select_nodes(carry.drafted, carry.root, self.tree, self.tree.head_levels(self.heads.num_heads), self.depth,
-                            chain)
+        return select_nodes(carry.drafted, carry.root, self.tree, self.levels, self.depth, chain)
 
 
 Drafter = FixedTreeDrafter | DynamicTreeDrafter | FeatureTreeDrafter

@@ -30,12 +30,13 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos=()) -> list[
 
 
 def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, layout: str = "shared_lm_head",
-                 head_input: str = "hidden", draft_vocab: list[int] | None = None):
-    """Random heads of any design; `head_input` "features": a feature drafter drafting `num_heads` levels."""
+                 head_input: str = "hidden", draft_vocab: list[int] | None = None, aux_layers: list[int] | None = None):
+    """Random heads of any design; `head_input` "features": a feature drafter drafting `num_heads` levels (fusing
+    the inputs of `aux_layers`)."""
     torch.manual_seed(seed)
     c = model.config
     if head_input == "features":
-        drafter = new_feature_drafter(model, num_heads, draft_vocab=draft_vocab)
+        drafter = new_feature_drafter(model, num_heads, draft_vocab=draft_vocab, aux_layers=aux_layers)
         for name, p in drafter.named_parameters():
             torch.nn.init.normal_(p, mean=1.0 if name.endswith("layernorm.weight") else 0.0, std=std)
         return drafter.to(model.dtype)
@@ -102,13 +103,14 @@ class ScriptedSchedule(FixedSchedule):
 
 
 def fit_feature_drafter(model, prompts: list[list[int]], max_new_tokens: int, levels: int = 4, steps: int = 60,
-                        seed: int = 0):
-    """A feature drafter trained (as train/train_feature_drafter.py does) on the model's greedy continuations."""
+                        seed: int = 0, aux_layers: tuple[int, ...] = ()):
+    """A feature drafter trained (as train/train_feature_drafter.py does) on the model's greedy continuations,
+    fusing the inputs of `aux_layers` if any."""
     from train.feature_drafter_training import DrafterLoss, base_features, train_drafter
 
     torch.manual_seed(seed)
     samples = [{"prompt_ids": p, "output_ids": plain_greedy(model, p, max_new_tokens)} for p in prompts]
-    drafter = new_feature_drafter(model, levels)
-    train_drafter(DrafterLoss(drafter, model, unroll=2, token_weight=1.0), base_features(model, samples, 4096),
-                  steps, 3e-3, 2000, seed)
+    drafter = new_feature_drafter(model, levels, aux_layers=list(aux_layers))
+    train_drafter(DrafterLoss(drafter, model, unroll=2, token_weight=1.0),
+                  base_features(model, samples, 4096, aux_layers=aux_layers), steps, 3e-3, 2000, seed)
     return drafter.eval()

@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 from inference.engine.decoding import DecodeRequest, DecodeStats
 from inference.engine.feature_drafting import FeatureTreeDrafter
 from inference.engine.medusa_decoding import MedusaDecoder
-from inference.runtime.feature_drafter import FeatureDrafter
+from inference.runtime.feature_drafter import FeatureDrafter, base_hidden, new_feature_drafter
+from inference.runtime.drafter_config import MedusaConfig
 from inference.runtime.medusa_heads import MedusaLoadError, load_heads, save_heads
 from inference.runtime.vllm_export import VllmExportError, eagle_parameter_names, export_vllm
 from medusa_choices import DynamicTree, TreeError, load_tree
@@ -39,14 +40,22 @@ def fitted(tiny):
     return fit_feature_drafter(model, prompts, NEW_TOKENS)
 
 
+@pytest.fixture(scope="module")
+def fused(tiny):
+    """A drafter that also reads the inputs of the tiny model's layers 1 and 3 for the text."""
+    model, prompts, _ = tiny
+    return fit_feature_drafter(model, prompts, NEW_TOKENS, aux_layers=(1, 3))
+
+
 def decode_ids(decoder, prompt, tree, stats=None, max_new_tokens=NEW_TOKENS):
     return [t for step in decoder.decode(DecodeRequest(prompt, max_new_tokens), tree, stats=stats) for t in step]
 
 
 @pytest.mark.parametrize("name", TREES)
-def test_greedy_output_with_the_feature_drafter_equals_plain_greedy_and_it_drafts(tiny, fitted, name):
+@pytest.mark.parametrize("design", ["fitted", "fused"])
+def test_greedy_output_with_the_feature_drafter_equals_plain_greedy_and_it_drafts(tiny, design, name, request):
     model, prompts, references = tiny
-    decoder, stats = MedusaDecoder(model, fitted), DecodeStats()
+    decoder, stats = MedusaDecoder(model, request.getfixturevalue(design)), DecodeStats()
     for prompt, reference in zip(prompts, references):
         assert decode_ids(decoder, prompt, TREES[name], stats) == reference
     assert stats.tokens_per_step >= MIN_TOKENS_PER_STEP[name], stats.tokens_per_step
@@ -74,7 +83,7 @@ def teacher_forced_chain(model, drafter, text: list[int], root_at: int) -> tuple
     embeddings, proposals = model.get_input_embeddings(), drafter.proposal_lm_head(model.lm_head)
     tokens, chain, scores, total = list(text[: root_at + 1]), [], [], 0.0
     with torch.no_grad():
-        features = model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0, :root_at]
+        features = drafter.text_features(*base_hidden(model, torch.tensor([tokens]), drafter.aux_layers))[0, :root_at]
         for _ in range(drafter.num_heads):
             cos, sin = (t[0] for t in model.model.rotary_emb(features, torch.arange(len(features)).unsqueeze(0)))
             predicted = drafter(embeddings(torch.tensor(tokens[1:])), features, cos, sin, causal_attention)[-1]
@@ -87,11 +96,14 @@ def teacher_forced_chain(model, drafter, text: list[int], root_at: int) -> tuple
     return chain, scores
 
 
-def test_every_draft_is_the_chain_that_teacher_forcing_over_the_accepted_text_gives(tiny, fitted, monkeypatch):
+@pytest.mark.parametrize("design", ["fitted", "fused"])
+def test_every_draft_is_the_chain_that_teacher_forcing_over_the_accepted_text_gives(tiny, design, request,
+                                                                                  monkeypatch):
     """After the prompt, each verification and each plain step, the drafter's cache holds what reading the accepted
-    text afresh gives, and its draft slots what reading its own chain does: the right features, tokens and
-    positions, whatever acceptance the drafter reaches on this model."""
+    text afresh gives, and its draft slots what reading its own chain does: the right features (fused ones
+    included), tokens and positions, whatever acceptance the drafter reaches on this model."""
     model, prompts, _ = tiny
+    fitted = request.getfixturevalue(design)
     drafted = []
     score = FeatureTreeDrafter.score
 
@@ -152,16 +164,34 @@ def test_training_moves_the_drafter_towards_the_base_model(tiny, fitted):
         batch = collate(features, model)
         assert DrafterLoss(fitted, model)(*batch)[0] < DrafterLoss(untrained, model)(*batch)[0]
         online = collate(feature_samples(samples, 4096), model)  # features computed in the step: the same batch
-        assert all(torch.allclose(a.float(), b.float(), atol=1e-5) for a, b in zip(batch, online))
+        assert batch[3] is None is online[3]
+        assert all(torch.allclose(a.float(), b.float(), atol=1e-5) for a, b in zip(batch[:3], online[:3]))
 
 
-def test_a_saved_drafter_loads_as_it_was_and_strictly(tiny_pangu, tmp_path):
+def test_a_fused_drafter_starts_as_the_plain_one_and_learns_to_read_the_intermediate_layers(tiny, fused):
+    model, prompts, references = tiny
+    samples = [{"prompt_ids": p, "output_ids": r} for p, r in zip(prompts, references)]
+    features = base_features(model, samples, 4096, aux_layers=(1, 3))
+    with torch.no_grad():
+        hidden, aux = base_hidden(model, features[0].ids.unsqueeze(0), (1, 3))
+        assert torch.equal(features[0].aux, aux[0]) and aux.shape[-1] == 2 * model.config.hidden_size
+        untrained = new_feature_drafter(model, 4, aux_layers=[1, 3])
+        assert torch.equal(untrained.text_features(hidden, aux), hidden)  # fuse starts at zero
+        assert not torch.allclose(fused.text_features(hidden, aux), hidden, atol=1e-3)
+        online = collate(feature_samples(samples, 4096), model, (1, 3))
+        assert torch.allclose(collate(features, model, (1, 3))[3], online[3], atol=1e-5)
+
+
+@pytest.mark.parametrize("aux_layers", [None, [1, 3]])
+def test_a_saved_drafter_loads_as_it_was_and_strictly(tiny_pangu, tmp_path, aux_layers):
     model = tiny_pangu[1]
     c = model.config
-    drafter = random_heads(model, num_heads=3, head_input="features", draft_vocab=list(range(100, 200)))
+    drafter = random_heads(model, num_heads=3, head_input="features", draft_vocab=list(range(100, 200)),
+                           aux_layers=aux_layers)
     save_heads(drafter, tmp_path / "drafter")
     loaded = load_heads(tmp_path / "drafter", c.hidden_size, c.vocab_size)
-    assert isinstance(loaded, FeatureDrafter) and loaded.num_heads == 3
+    assert isinstance(loaded, FeatureDrafter) and loaded.num_heads == 3 and loaded.aux_layers == tuple(aux_layers or ())
+    assert drafter.state_dict().keys() == loaded.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), loaded.state_dict().values()))
     weights = load_file(str(tmp_path / "drafter" / "medusa_lm_head.safetensors"))
     del weights["fc.weight"]
@@ -182,3 +212,24 @@ def test_the_eagle_export_holds_exactly_what_vllm_loads(tiny_pangu, tmp_path):
     drafter.layers[0].self_attn.o_proj.bias = None  # a layer vLLM would find without the bias it expects
     with pytest.raises(VllmExportError, match="o_proj.bias"):
         export_vllm(drafter, model.lm_head, tmp_path / "broken", model.config)
+
+
+def test_a_fused_drafter_is_refused_where_it_cannot_run(tiny_pangu, tmp_path):
+    model = tiny_pangu[1]
+    drafter = random_heads(model, num_heads=3, head_input="features", aux_layers=[1, 3])
+    with pytest.raises(VllmExportError, match="fused feature drafter .* no vLLM layout"):
+        export_vllm(drafter, model.lm_head, tmp_path / "eagle", model.config)
+    beyond = random_heads(model, num_heads=3, head_input="features", aux_layers=[model.config.num_hidden_layers])
+    with pytest.raises(ValueError, match="fuses layers \\[4\\], but the base model has 4"):
+        MedusaDecoder(model, beyond)
+
+
+@pytest.mark.parametrize("fields", [{"medusa_feature_aux_layers": [1]},
+                                    {"medusa_head_input": "features", "medusa_feature_aux_layers": [0]},
+                                    {"medusa_head_input": "features", "medusa_feature_aux_layers": [3, 1]}])
+def test_aux_layers_belong_to_a_feature_drafter_and_name_layers(tiny_pangu, fields):
+    config = random_heads(tiny_pangu[1], num_heads=2, head_input="features").config.to_dict()
+    if "medusa_head_input" not in fields:
+        config = {k: v for k, v in config.items() if k not in ("medusa_head_input", "medusa_feature_layer")}
+    with pytest.raises(MedusaLoadError, match="medusa_feature_aux_layers"):
+        MedusaConfig.from_dict(config | fields)

@@ -410,6 +410,31 @@ def test_a_drafter_trained_from_another_starts_from_its_weights_and_proposes_fro
     assert capsys.readouterr().err.strip().endswith(f"--init {heads} is not a feature drafter for this base model")
 
 
+def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(distilled, tmp_path, capsys, monkeypatch):
+    directory, data = distilled
+    cache = tmp_path / "features.pt"
+    common = ["--base_model", str(directory), "--data", str(data), "--levels", "2", "--tokens_per_batch", "256",
+              "--dtype", "fp32", "--epochs", "1", "--features_cache", str(cache)]
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "plain")]) == 0
+    # from the plain drafter's weights, with a learning rate that leaves them as they were: the fusion starts at zero
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "fused"), "--aux_layers", "1,3", "--lr", "1e-12",
+                                                "--init", str(tmp_path / "plain")]) == 0
+    plain, fused = saved_heads(tmp_path / "plain"), saved_heads(tmp_path / "fused")
+    assert fused.aux_layers == (1, 3) and fused.fuse.weight.abs().max() < 1e-6
+    assert all(torch.allclose(v, fused.state_dict()[k], atol=1e-6) for k, v in plain.state_dict().items())
+    # a plain drafter reads the fused run's cache (it holds the final features too) without the base model
+    monkeypatch.setattr(train_feature_drafter, "base_features", lambda *args, **kwargs: pytest.fail("recomputed"))
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again")]) == 0
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "deep"), "--aux_layers", "4"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--aux_layers: the base model has layers 1..3 to fuse (an index "
+                                                    ">= 1 names the input of that layer), not [4]")
+    assert medusa_generate.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "fused"),
+                                 "--prompt", "hi", "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
+
+
 def test_a_draft_vocabulary_cut_keeps_its_most_frequent_tokens_for_heads_and_for_a_feature_drafter(distilled,
                                                                                                     tmp_path, capsys):
     directory, data = distilled

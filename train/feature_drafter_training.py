@@ -7,7 +7,8 @@ sequences at once (causal attention, as it reads text at decoding time), towards
 vocabulary (soft targets, from that feature through the lm_head). With `unroll` > 1 every further pass
 reads the drafter's own predicted features in place of the base model's (EAGLE-3's training-time test),
 as it does below the first level of a draft; each pass's losses count equally. Losses count where the
-predicted token is an answer token.
+predicted token is an answer token. A fused drafter reads, in the first pass, the final features plus its map of
+the intermediate layers' inputs (kept beside them); its regression target stays the final feature.
 """
 
 import copy
@@ -20,17 +21,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.feature_drafting import FeatureCacheSlot, read_positions
-from inference.runtime.feature_drafter import FeatureDrafter
+from inference.runtime.feature_drafter import FeatureDrafter, base_hidden
 
 
 @dataclass(frozen=True)
 class FeatureSample:
     """One sample's ids [L] (prompt + answer), the base features [L, H] (base dtype; None: computed in each
-    training step) and where its answer starts."""
+    training step), where its answer starts, and for a fused drafter the inputs of its layers [L, A*H]."""
 
     ids: torch.Tensor
     features: torch.Tensor | None
     answer_start: int
+    aux: torch.Tensor | None = None
 
 
 def feature_samples(samples: list[dict], max_length: int) -> list[FeatureSample]:
@@ -41,12 +43,15 @@ def feature_samples(samples: list[dict], max_length: int) -> list[FeatureSample]
 
 
 @torch.inference_mode()
-def base_features(base_model: nn.Module, samples: list[dict], max_length: int, progress=None) -> list[FeatureSample]:
-    """`FeatureSample`s of distillation records with their features: the base model run once over each."""
+def base_features(base_model: nn.Module, samples: list[dict], max_length: int, progress=None,
+                  aux_layers: tuple[int, ...] = ()) -> list[FeatureSample]:
+    """`FeatureSample`s of distillation records with their features (and the inputs of `aux_layers`): the base
+    model run once over each."""
     out = []
     for sample in feature_samples(samples, max_length):
-        hidden = base_model.model(input_ids=sample.ids.to(base_model.device).unsqueeze(0)).last_hidden_state[0]
-        out.append(FeatureSample(sample.ids, hidden.cpu(), sample.answer_start))
+        hidden, aux = base_hidden(base_model, sample.ids.to(base_model.device).unsqueeze(0), aux_layers)
+        out.append(FeatureSample(sample.ids, hidden[0].cpu(), sample.answer_start,
+                                 None if aux is None else aux[0].cpu()))
         if progress is not None:
             progress.update()
     return out
@@ -67,9 +72,10 @@ class DrafterLoss(nn.Module):
         self.rotary = base_model.model.rotary_emb
         self.unroll, self.token_weight = unroll, token_weight
 
-    def forward(self, ids: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def forward(self, ids: torch.Tensor, features: torch.Tensor, mask: torch.Tensor,
+                aux: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """`ids` [B, L], base `features` [B, L, H] (float32), `mask` [B, L]: where position p's prediction (of
-        token p+2) counts."""
+        token p+2) counts; `aux` [B, L, A*H]: the inputs of a fused drafter's layers."""
         weight = next(self.drafter.parameters())
         positions = torch.arange(ids.shape[1] - 1, device=ids.device).unsqueeze(0)
         cos, sin = (t[0].to(weight.dtype) for t in self.rotary(features, positions))
@@ -79,7 +85,8 @@ class DrafterLoss(nn.Module):
             teacher = self.proposals(target.to(self.proposals.weight.dtype)).float().log_softmax(-1)
         mask = mask[:, :-1].float()
         count = mask.sum().clamp(min=1)
-        read = features[:, :-1]
+        text = self.drafter.text_features(features, aux)[:, :-1]
+        read = text
         loss, stats = 0.0, {}
         for unrolled in range(self.unroll):
             predicted = self.drafter(embeds, read.to(weight.dtype), cos, sin, causal_attention)
@@ -90,7 +97,7 @@ class DrafterLoss(nn.Module):
             agree = ((log_probs.argmax(-1) == teacher.argmax(-1)).float() * mask).sum() / count
             stats[f"pass{unrolled}_top1"] = agree.item()
             # the next pass reads, at position p, the feature this one predicted for p (its output at p-1)
-            read = torch.cat([features[:, :1], predicted[:, :-1]], dim=1)
+            read = torch.cat([text[:, :1], predicted[:, :-1]], dim=1)
         return loss / self.unroll, stats
 
 
@@ -110,10 +117,11 @@ def batches(samples: list[FeatureSample], tokens_per_batch: int, seed: int) -> l
     return out
 
 
-def collate(batch: list[FeatureSample], base_model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids [B, L], features [B, L, H] float32, mask [B, L]) right-padded on the base model's device; the mask
-    marks positions p whose token p+2 is an answer token. Features not kept are computed now (right padding
-    does not change a causal model's features before it; the padding's own are zeroed, as kept ones leave it)."""
+def collate(batch: list[FeatureSample], base_model: nn.Module, aux_layers: tuple[int, ...] = ()) -> tuple:
+    """(ids [B, L], features [B, L, H] float32, mask [B, L], aux [B, L, A*H] float32 or None) right-padded on the
+    base model's device; the mask marks positions p whose token p+2 is an answer token; aux: the inputs of
+    `aux_layers`. Features not kept are computed now (right padding does not change a causal model's features
+    before it; the padding's own are zeroed, as kept ones leave it)."""
     width = max(len(s.ids) for s in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.bool)
@@ -122,14 +130,25 @@ def collate(batch: list[FeatureSample], base_model: nn.Module) -> tuple[torch.Te
         mask[row, max(sample.answer_start - 2, 0) : len(sample.ids) - 2] = True
     if batch[0].features is None:
         with torch.no_grad():
-            features = base_model.model(input_ids=ids.to(base_model.device)).last_hidden_state.float()
+            features, aux = base_hidden(base_model, ids.to(base_model.device), aux_layers)
         lengths = torch.tensor([len(s.ids) for s in batch], device=features.device)
-        features[torch.arange(width, device=features.device) >= lengths.unsqueeze(1)] = 0  # as kept features leave it
+        padding = torch.arange(width, device=features.device) >= lengths.unsqueeze(1)
+        features, aux = features.float(), None if aux is None else aux.float()
+        for tensor in (features, aux):
+            if tensor is not None:
+                tensor[padding] = 0  # as kept features leave it
     else:
-        features = torch.zeros((len(batch), width, batch[0].features.shape[1]))
-        for row, sample in enumerate(batch):
-            features[row, : len(sample.ids)] = sample.features.float()
-    return ids.to(base_model.device), features.to(base_model.device), mask.to(base_model.device)
+        features = _padded([s.features for s in batch], width)
+        aux = _padded([s.aux for s in batch], width) if aux_layers else None
+    device = base_model.device
+    return ids.to(device), features.to(device), mask.to(device), None if aux is None else aux.to(device)
+
+
+def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width, rows[0].shape[1]))
+    for row, tensor in enumerate(rows):
+        out[row, : len(tensor)] = tensor.float()
+    return out
 
 
 def train_drafter(loss_fn: DrafterLoss, samples: list[FeatureSample], epochs: float, lr: float,
@@ -142,7 +161,7 @@ def train_drafter(loss_fn: DrafterLoss, samples: list[FeatureSample], epochs: fl
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / len(plan))))
     for step, batch in enumerate(plan):
-        loss, stats = loss_fn(*collate(batch, loss_fn.base_model))
+        loss, stats = loss_fn(*collate(batch, loss_fn.base_model, loss_fn.drafter.aux_layers))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -172,7 +191,9 @@ def depth_accuracy(drafter: FeatureDrafter, base_model: nn.Module, samples: list
     for sample in samples:
         length = len(sample.ids)
         cache = slot.get(length, depth)
-        ids, features = sample.ids.to(device), sample.features.to(device)
+        ids = sample.ids.to(device)
+        aux = None if sample.aux is None else sample.aux.to(device)
+        features = drafter.text_features(sample.features.to(device), aux)
         all_positions = torch.arange(length - 1, device=device)
         states = read_positions(drafter, embeddings, cache, ids[1:], features[:-1], all_positions, all_positions, None)
         starts = list(range(max(sample.answer_start - 1, 0), length - 2))

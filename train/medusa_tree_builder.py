@@ -93,7 +93,7 @@ def drafted_acceptance(decoder: MedusaDecoder, hidden: torch.Tensor, targets: to
 def feature_drafter_trees(args, drafter, model, heads_dir, samples: list[dict], budgets: list[int]) -> None:
     """The feature drafter's accuracy per level and rank, drafted as decoding drafts (its own features below the
     first level) along the held-out answers, and the dynamic tree it drafts (it drafts no fixed tree)."""
-    features = base_features(model, samples, 2048)
+    features = base_features(model, samples, 2048, aux_layers=drafter.aux_layers)
     accuracy = depth_accuracy(drafter, model, features, drafter.num_heads, args.top_k)
     candidates = [{"budget": budget, "expected_tokens_per_step": round(1 + best_tree(accuracy, budget)[1], 4)}
                   for budget in budgets]

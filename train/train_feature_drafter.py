@@ -9,6 +9,7 @@ as decoding does, saved with the drafter for the runtime's choice of tree. The r
 (config.json + medusa_lm_head.safetensors) that inference/medusa_generate.py --medusa_dir loads.
 """
 
+import argparse
 import hashlib
 import json
 import sys
@@ -46,6 +47,9 @@ def parse_args(argv=None):
     parser.add_argument("--init", help="start from this feature drafter's weights (a drafter directory) to train it "
                         "further; it proposes from the draft vocabulary the options above give, else from its own (the held-out "
                         "accuracy may then count samples the first run trained on)")
+    parser.add_argument("--aux_layers", type=layer_list,
+                        help="fuse the inputs of these base layers (comma-separated indices, e.g. 10,20 of 30) into the "
+                        "text's features, after EAGLE-3; default: --init's, else none (the final features only)")
     parser.add_argument("--epochs", type=positive_float, default=4.0)
     parser.add_argument("--lr", type=positive_float, default=1e-3)
     parser.add_argument("--tokens_per_batch", type=positive_int, default=4096, help="padded tokens per batch")
@@ -65,29 +69,55 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def layer_list(text: str) -> list[int]:
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        layers = []
+    if not layers or min(layers) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer indices >= 1")
+    return sorted(set(layers))
+
+
+def aux_layers(args, model, initial: FeatureDrafter | None) -> tuple[int, ...]:
+    """The base layers the drafter fuses: --aux_layers, else --init's; each an index of a layer of `model`."""
+    layers = tuple(args.aux_layers or (initial.aux_layers if initial is not None else ()))
+    if initial is not None and initial.aux_layers and layers != initial.aux_layers:
+        raise UserError(f"--aux_layers {list(layers)}: --init's drafter fuses {list(initial.aux_layers)}")
+    if any(i >= model.config.num_hidden_layers for i in layers):
+        raise UserError(f"--aux_layers: the base model has layers 1..{model.config.num_hidden_layers - 1} to fuse "
+                        f"(an index >= 1 names the input of that layer), not {list(layers)}")
+    return layers
+
+
 def sample_key(sample: FeatureSample) -> str:
     """What a sample's features depend on besides the base model: its token ids and where its answer starts."""
     return hashlib.sha1(sample.ids.to(torch.int64).numpy().tobytes() + str(sample.answer_start).encode()).hexdigest()
 
 
-def cached_features(args, model, samples: list[dict], progress) -> list:
-    """`base_features` of `samples`; with `--features_cache`, each sample's features are kept by its token ids,
-    so a later run reads those it has and computes only the new samples' (data added costs only its own). The
-    file is written every SAVE_EVERY new samples, so an interrupted run keeps what it computed."""
+def cached_features(args, model, samples: list[dict], progress, fused: tuple[int, ...]) -> list:
+    """`base_features` of `samples` (with the inputs of the `fused` layers); with `--features_cache`, each
+    sample's features are kept by its token ids, so a later run reads those it has and computes only the new
+    samples' (data added costs only its own). The file is written every SAVE_EVERY new samples, so an
+    interrupted run keeps what it computed. A drafter that fuses nothing reads a fused drafter's file too."""
     source = {"base_model": str(model.config._name_or_path), "dtype": str(model.dtype), "max_length": args.max_length}
     path = Path(args.features_cache) if args.features_cache else None
-    known = {}
+    known, layers = {}, list(fused)
     if path is not None and path.is_file():
         cached = torch.load(path, weights_only=False)
-        if cached.get("source") == source:
-            known = cached["features"]
+        kept = dict(cached.get("source", {}))
+        kept_layers = kept.pop("aux_layers", [])
+        if kept == source and (kept_layers == layers or not layers):
+            known, layers = cached["features"], kept_layers  # new samples get the same layers as the kept ones
+    if layers:
+        source["aux_layers"] = layers
     keys = [sample_key(sample) for sample in feature_samples(samples, args.max_length)]
     missing = [i for i, key in enumerate(keys) if key not in known]
     progress.update(len(samples) - len(missing))
     for start in range(0, len(missing), SAVE_EVERY):
         chunk = missing[start : start + SAVE_EVERY]
         known.update(zip((keys[i] for i in chunk), base_features(model, [samples[i] for i in chunk], args.max_length,
-                                                                   progress)))
+                                                                   progress, tuple(layers))))
         if path is not None:
             replace_atomic(path, lambda staging: torch.save({"source": source, "features": known}, staging))
     return [known[key] for key in keys]
@@ -127,19 +157,20 @@ def main(argv=None) -> int:
         torch.manual_seed(args.seed)
         model, _ = load_base_from_args(args)
         initial = initial_drafter(args, model)
+        fused = aux_layers(args, model, initial)
         read = [s for path in args.data for s in read_samples(path)]
         samples = distinct(read)
         train_samples, eval_samples = split_held_out(samples, args.eval_fraction, args.seed)
         if args.online_features:
             train_features = feature_samples(train_samples, args.max_length)
-            eval_features = base_features(model, eval_samples, args.max_length)
+            eval_features = base_features(model, eval_samples, args.max_length, aux_layers=fused)
         else:
             with tqdm(total=len(samples), desc="base features", unit="sample") as progress:
-                features = cached_features(args, model, eval_samples + train_samples, progress)
+                features = cached_features(args, model, eval_samples + train_samples, progress, fused)
             train_features, eval_features = features[len(eval_samples):], features[: len(eval_samples)]
         featured = time.time()
         draft_ids = proposal_tokens(args, train_samples, model, initial)
-        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids)
+        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids, fused)
         if initial is not None:  # its layer's weights (the fields match); the draft vocabulary is this run's
             drafter.load_state_dict({k: v for k, v in initial.state_dict().items() if k != "draft_vocab"}, strict=False)
         drafter = drafter.to(model.device)

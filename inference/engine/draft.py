@@ -31,13 +31,15 @@ class Carry(NamedTuple):
 
 class Verified(NamedTuple):
     """What a step's verification settled, for the drafter to draft the next step from: the tree's `tokens` [T],
-    the base model's final hidden states of its nodes `node_hidden` [T, H], where the step started (`start`
-    [1]), the accepted `path` [depth+1] (node ids, -1 padded) of `count` [1] accepted candidates ending at
-    `node` [1], the next `root` [1] and its position's `hidden` [1, H], and the heads' logits at every node
-    when they ran in the verification (else None)."""
+    the base model's final hidden states of its nodes `node_hidden` [T, H] (and `node_aux`, the inputs of the
+    layers a fused feature drafter reads, else None), where the step started (`start` [1]), the accepted `path`
+    [depth+1] (node ids, -1 padded) of `count` [1] accepted candidates ending at `node` [1], the next `root` [1]
+    and its position's `hidden` [1, H], and the heads' logits at every node when they ran in the verification
+    (else None)."""
 
     tokens: torch.Tensor
     node_hidden: torch.Tensor
+    node_aux: torch.Tensor | None
     start: torch.Tensor
     path: torch.Tensor
     count: torch.Tensor

@@ -19,7 +19,7 @@ from torch import nn
 
 from inference.engine.draft import Carry, Draft, Verified
 from inference.engine.dynamic_tree import Candidates, score_levels, select_nodes
-from inference.engine.forward import capacity_bucket, masked_attention, prompt_attention, visible_mask
+from inference.engine.forward import BaseStates, capacity_bucket, masked_attention, prompt_attention, visible_mask
 from inference.engine.graph_mode import keep_addresses
 from medusa_choices import DynamicTree
 
@@ -127,22 +127,23 @@ class FeatureTreeDrafter:
     def cache(self) -> FeatureCache:
         return self.caches.cache
 
-    def start(self, tokens: int, scratch: int, prompt_hidden: torch.Tensor, prompt: list[int],
+    def start(self, tokens: int, scratch: int, prompt_states: BaseStates, prompt: list[int],
               root: torch.Tensor) -> None:
-        """A request's prompt (its base features [n, H] and ids) and first root [1] read into a cache for `tokens`
+        """A request's prompt (its base states [n, ...] and ids) and first root [1] read into a cache for `tokens`
         tokens with `scratch` draft slots (the most any of the request's trees needs)."""
         cache = self.caches.get(tokens, scratch)
         ids = torch.cat([torch.tensor(prompt[1:], device=root.device, dtype=root.dtype), root])
         positions = torch.arange(len(prompt), device=root.device)
-        out = read_positions(self.drafter, self.embeddings, cache, ids, prompt_hidden, positions, positions, None)
+        out = read_positions(self.drafter, self.embeddings, cache, ids, self.drafter.text_features(*prompt_states),
+                             positions, positions, None)
         cache.state.copy_(out[-1:])
 
-    def after_plain_step(self, hidden: torch.Tensor, token: torch.Tensor, length: torch.Tensor) -> None:
-        """A plain step wrote position `length` [1] (base feature `hidden` [1, H]) and chose `token` [1] after it."""
+    def after_plain_step(self, states: BaseStates, token: torch.Tensor, length: torch.Tensor) -> None:
+        """A plain step wrote position `length` [1] (base states [1, ...]) and chose `token` [1] after it."""
         cache = self.cache
         one = torch.ones((1, 1), dtype=torch.bool, device=token.device)
-        out = read_positions(self.drafter, self.embeddings, cache, token, hidden, length, length,
-                             visible_mask(one, length, cache.slots), self.attention)
+        out = read_positions(self.drafter, self.embeddings, cache, token, self.drafter.text_features(*states), length,
+                             length, visible_mask(one, length, cache.slots), self.attention)
         cache.state.copy_(out)
 
     def carried(self, carry: Carry) -> Candidates:
@@ -159,8 +160,10 @@ class FeatureTreeDrafter:
         following = torch.where(torch.arange(width, device=start.device) == count, verified.root, following)
         causal = torch.ones((width, width), dtype=torch.bool, device=start.device).tril()
         slots = start + torch.arange(width, device=start.device)
-        out = read_positions(self.drafter, self.embeddings, cache, following, verified.node_hidden.index_select(0, nodes),
-                             slots, slots, visible_mask(causal, start, cache.slots), self.attention)
+        aux = None if verified.node_aux is None else verified.node_aux.index_select(0, nodes)
+        features = self.drafter.text_features(verified.node_hidden.index_select(0, nodes), aux)
+        out = read_positions(self.drafter, self.embeddings, cache, following, features, slots, slots,
+                             visible_mask(causal, start, cache.slots), self.attention)
         candidates = self.score(out.index_select(0, count), start + count + 1)
         return candidates, candidates.scores.exp().sort(descending=True).values
 

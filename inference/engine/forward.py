@@ -10,6 +10,7 @@ serves the Llama family, OpenPangu-Embedded included (biases on q/k/v/o, GQA).
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -110,11 +111,19 @@ class CacheSlot:
         return self.cache
 
 
-def prefill(model: nn.Module, cache: StaticCache, prompt: list[int]) -> torch.Tensor:
-    """The prompt into an empty cache; the final hidden states [len(prompt), H] of its positions."""
+class BaseStates(NamedTuple):
+    """A forward's final hidden states `hidden` [T, H] and the inputs of the layers it was asked for, concatenated
+    `aux` [T, A*H] (None when none were): what a fused feature drafter reads of the text."""
+
+    hidden: torch.Tensor
+    aux: torch.Tensor | None
+
+
+def prefill(model: nn.Module, cache: StaticCache, prompt: list[int], aux_layers: tuple[int, ...] = ()) -> BaseStates:
+    """The prompt into an empty cache; the states of its positions."""
     ids = torch.tensor(prompt, device=model.device)
     positions = torch.arange(len(prompt), device=model.device)
-    return forward(model, cache, ids, positions, positions, None)
+    return forward(model, cache, ids, positions, positions, None, aux_layers=aux_layers)
 
 
 def visible_mask(tree_mask: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -155,10 +164,11 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, positions: torch.Tensor,
-            slots: torch.Tensor, visible: torch.Tensor | None, attention=masked_attention) -> torch.Tensor:
-    """Final hidden states [T, H] of `tokens` [T] at RoPE `positions` [T], their keys and values written to
-    cache `slots` [T]. `visible` [T, capacity] says which slots each token attends to; None: a prompt on an
-    empty cache (slots 0..T-1), causal over itself. `attention` computes the masked case (a device's kernel)."""
+            slots: torch.Tensor, visible: torch.Tensor | None, attention=masked_attention,
+            aux_layers: tuple[int, ...] = ()) -> BaseStates:
+    """The states of `tokens` [T] at RoPE `positions` [T] (with the inputs of `aux_layers`), their keys and values
+    written to cache `slots` [T]. `visible` [T, capacity] says which slots each token attends to; None: a prompt
+    on an empty cache (slots 0..T-1), causal over itself. `attention` computes the masked case (a device's kernel)."""
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = cache.keys[0].shape[-1]
@@ -166,7 +176,10 @@ def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, position
     size = tokens.shape[0]
     cos, sin = cache.cos[positions], cache.sin[positions]
     hidden = model.model.embed_tokens(tokens)
-    for layer, keys, values in zip(model.model.layers, cache.keys, cache.values):
+    aux = []
+    for index, (layer, keys, values) in enumerate(zip(model.model.layers, cache.keys, cache.values)):
+        if index in aux_layers:
+            aux.append(hidden)
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
         query = attn.q_proj(x).view(size, heads, head_dim).transpose(0, 1)
@@ -180,4 +193,4 @@ def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, position
             out = attention(query, keys, values, visible, scale)
         hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(size, heads * head_dim))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return model.model.norm(hidden)
+    return BaseStates(model.model.norm(hidden), torch.cat(aux, dim=-1) if aux else None)

@@ -244,6 +244,14 @@ class MedusaDecoder:
         self._proposal_lm_heads: dict[tuple, nn.Module] = {}
         self._embeddings = base_model.get_input_embeddings()
         self._feature_caches = FeatureCacheSlot(base_model, self.heads) if self._features else None
+        if any(i >= base_model.config.num_hidden_layers for i in self._aux_layers):
+            raise ValueError(f"the feature drafter fuses layers {list(self._aux_layers)}, but the base model has "
+                             f"{base_model.config.num_hidden_layers}")
+
+    @property
+    def _aux_layers(self) -> tuple[int, ...]:
+        """The base layers whose inputs a fused feature drafter reads (none for other heads)."""
+        return getattr(self.heads, "aux_layers", ())
 
     @property
     def _features(self) -> bool:
@@ -321,8 +329,9 @@ class MedusaDecoder:
         tree_mask = drafter.tree_mask if step.tree_mask is None else step.tree_mask
         size = step.tokens.shape[0]
         slots = start + torch.arange(size, device=start.device)
-        node_hidden = forward(self.base_model, cache, step.tokens, start + step.position_offsets[0], slots,
-                              visible_mask(tree_mask, start, cache.capacity), self.attention)
+        node_hidden, node_aux = forward(self.base_model, cache, step.tokens, start + step.position_offsets[0], slots,
+                                        visible_mask(tree_mask, start, cache.capacity), self.attention,
+                                        self._aux_layers)
         node_logits, all_head_logits = self._verify_logits(node_hidden, depth, drafter.propose_after_verification)
         self.step_clock.mark(FORWARD)
         pad = torch.full((1,), -1, dtype=torch.long, device=start.device)
@@ -335,7 +344,7 @@ class MedusaDecoder:
         cache.keep(start, path.clamp(min=0))
         node = path.gather(0, count)  # [1] the last accepted node, whose prediction is the next root
         root, hidden = predictions.index_select(0, node), node_hidden.index_select(0, node)
-        verified = Verified(step.tokens, node_hidden, start, path, count, node, root, hidden, all_head_logits)
+        verified = Verified(step.tokens, node_hidden, node_aux, start, path, count, node, root, hidden, all_head_logits)
         self.step_clock.mark(ACCEPTANCE)
         drafted, probabilities = drafter.carry_after(carry, verified)
         packed = torch.cat([count, candidates.index_select(0, best)[0, 1:], predictions[path]])
@@ -349,10 +358,12 @@ class MedusaDecoder:
         """A plain step on the Medusa cache (a schedule's fallback, exact like a tree step): the carried root is
         written and the base model's next token is the next root. A feature drafter (`follower`) reads the
         position too, so its cache never misses text."""
-        token, hidden = next_token(self.base_model, cache, carry.root, carry.length, self.attention, sampling, race)
+        token, states = next_token(self.base_model, cache, carry.root, carry.length, self.attention, sampling, race,
+                                   self._aux_layers)
+        hidden = states.hidden
         self.step_clock.mark(FORWARD)
         if follower is not None:
-            follower.after_plain_step(hidden, token, carry.length)
+            follower.after_plain_step(states, token, carry.length)
             self.step_clock.mark(DRAFTING)
         return token, Carry(token, hidden, _placeholder(hidden), carry.length + 1)
 
@@ -408,14 +419,14 @@ class MedusaDecoder:
         lookups = [o.tree.lookup if isinstance(o.tree, DynamicTree) else 0 for o in options]
         context = ContextLookup(request.input_ids) if any(lookups) else None
 
-        prompt_hidden = prefill(model, cache, request.input_ids)
-        hidden = prompt_hidden[-1:]
+        prompt_states = prefill(model, cache, request.input_ids, self._aux_layers)
+        hidden = prompt_states.hidden[-1:]
         root = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
         # the feature drafter reads every position of the text, plain steps' too (the schedule's may all be plain)
         follower = next((d for d in drafters if isinstance(d, FeatureTreeDrafter)), None)
         if follower is not None:
             scratch = max(d.scratch for d in drafters if isinstance(d, FeatureTreeDrafter))
-            follower.start(cache.capacity, scratch, prompt_hidden, request.input_ids, root)
+            follower.start(cache.capacity, scratch, prompt_states, request.input_ids, root)
         carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
         carried = NOTHING_CARRIED  # the carry_kind of what `carry.drafted` holds
         probabilities = None  # of the next step's candidates, where the last step scored them

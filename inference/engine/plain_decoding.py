@@ -6,7 +6,8 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
+from inference.engine.forward import (BaseStates, CacheSlot, StaticCache, check_supported, forward, prefill,
+                                      visible_mask)
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
 from inference.engine.phases import CAPTURED, FORWARD, HOST, NO_CLOCK
@@ -14,12 +15,14 @@ from inference.engine.sampling import Sampling, choose_tokens, exponential_race
 
 
 def next_token(model: PreTrainedModel, cache: StaticCache, token: torch.Tensor, length: torch.Tensor,
-               attention: Callable, sampling: Sampling, race: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the base model's next token [1], the hidden state [1, H] it came from) after `token` [1], written at
-    position `length` [1] of `cache`."""
+               attention: Callable, sampling: Sampling, race: torch.Tensor | None,
+               aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, BaseStates]:
+    """(the base model's next token [1], the states [1, H] it came from) after `token` [1], written at position
+    `length` [1] of `cache`."""
     one = torch.ones((1, 1), dtype=torch.bool, device=token.device)
-    hidden = forward(model, cache, token, length, length, visible_mask(one, length, cache.capacity), attention)
-    return choose_tokens(model.lm_head(hidden), sampling, race), hidden
+    states = forward(model, cache, token, length, length, visible_mask(one, length, cache.capacity), attention,
+                     aux_layers)
+    return choose_tokens(model.lm_head(states.hidden), sampling, race), states
 
 
 class PlainDecoder:
@@ -51,7 +54,7 @@ class PlainDecoder:
         generator = request.generator(device)
         cache = self.cache.get(len(request.input_ids) + request.max_new_tokens)
         emitter = StepEmitter(request, stats)
-        hidden = prefill(model, cache, request.input_ids)[-1:]
+        hidden = prefill(model, cache, request.input_ids).hidden[-1:]
         token = choose_tokens(model.lm_head(hidden), sampling, exponential_race(1, vocab, sampling, generator, device))
         length = torch.tensor([len(request.input_ids)], device=device)
         clock = stats.phases or NO_CLOCK

@@ -32,6 +32,8 @@ class MedusaConfig:
     # acc[i][r]: how often head i's rank-r proposal is right on held-out data (train/medusa_tree_builder.py)
     medusa_head_accuracy: list | None = None
     medusa_feature_layer: dict | None = None  # the feature drafter's decoder layer (inference/runtime/feature_drafter.py)
+    # base layers whose inputs a feature drafter fuses into the features of the text (None: the final ones only)
+    medusa_feature_aux_layers: list | None = None
 
     def __post_init__(self):
         for name in ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size", "medusa_draft_vocab_size"):
@@ -55,6 +57,14 @@ class MedusaConfig:
         if (self.medusa_feature_layer is not None) != (self.medusa_head_input == "features"):
             raise MedusaLoadError("medusa_feature_layer describes a feature drafter's layer: it goes with "
                                   "medusa_head_input 'features', and only there")
+        aux = self.medusa_feature_aux_layers
+        if aux is not None:
+            if self.medusa_feature_layer is None:
+                raise MedusaLoadError("medusa_feature_aux_layers belong to a feature drafter (medusa_head_input 'features')")
+            if not (isinstance(aux, list) and aux and all(isinstance(i, int) and not isinstance(i, bool) and i >= 1
+                                                          for i in aux) and aux == sorted(set(aux))):
+                raise MedusaLoadError("medusa_feature_aux_layers must be a non-empty increasing list of layer indices "
+                                      f">= 1, not {aux!r:.80}")
         if self.medusa_draft_vocab_size is not None:
             if self.medusa_head_layout != "shared_lm_head":
                 raise MedusaLoadError("a draft vocabulary needs shared_lm_head heads")

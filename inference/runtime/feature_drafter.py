@@ -5,19 +5,24 @@ model's own kind and width that reads, at position p, `fc([embedding(x[p+1]); fe
 feature of position p+1, whose projection through the base model's lm_head gives token x[p+2]. The features are
 the base model's final hidden states (after its last norm, what its lm_head reads) for accepted text, and the
 drafter's own predictions inside a draft, so every drafted token sees the features of the ones before it and
-the drafter attends to the whole text through a KV cache of its own. As in EAGLE (and vLLM's `eagle`
+the drafter attends to the whole text through a KV cache of its own. A fused drafter (config
+`medusa_feature_aux_layers`, after EAGLE-3) reads richer features for the text: the final hidden states plus a
+learned map (`fuse`, zero at the start of training) of the RMS-normalised inputs of some intermediate layers,
+which carry more of what follows than the final layer keeps; inside a draft it reads its own predictions as
+before. As in EAGLE (and vLLM's `eagle`
 speculator, which loads these weights), the layer has no input norm and no norm follows it.
 
 Its config is a `MedusaConfig` whose `medusa_num_heads` is how many levels it drafts and whose
 `medusa_feature_layer` describes the layer (read from the base model's config when the drafter is made, so the
 files load without the base config). Weights: `fc.weight`, `layers.0.self_attn.{q,k,v,o}_proj.*`,
-`layers.0.post_attention_layernorm.weight`, `layers.0.mlp.{gate,up,down}_proj.weight` and the optional
-`draft_vocab` buffer.
+`layers.0.post_attention_layernorm.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`, the optional
+`draft_vocab` buffer and, fused, `fuse.weight`.
 """
 
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
@@ -91,6 +96,8 @@ class FeatureDrafter(DraftVocabulary, nn.Module):
         self.fields = fields
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
         self.layers = nn.ModuleList([FeatureLayer(hidden_size, fields)])
+        self.aux_layers = tuple(config.medusa_feature_aux_layers or ())
+        self.fuse = nn.Linear(len(self.aux_layers) * hidden_size, hidden_size, bias=False) if self.aux_layers else None
         self.init_draft_vocab(config)
 
     num_heads = property(lambda self: self.config.medusa_num_heads)  # levels drafted, as many as heads elsewhere
@@ -115,6 +122,15 @@ class FeatureDrafter(DraftVocabulary, nn.Module):
         hidden = hidden + attn.o_proj(out.transpose(-2, -3).flatten(-2))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
+    def text_features(self, final: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        """What the drafter reads for text the base model ran over: its final hidden states `final` [..., H] and,
+        fused, `fuse` of the inputs of `aux_layers` (`aux` [..., A*H], as `base_hidden` returns them)."""
+        if self.fuse is None:
+            return final
+        parts = aux.unflatten(-1, (len(self.aux_layers), -1)).float()
+        normed = F.rms_norm(parts, (parts.shape[-1],), eps=self.fields["rms_norm_eps"]).flatten(-2)
+        return final + self.fuse(normed.to(self.fuse.weight.dtype)).to(final.dtype)
+
     def init_from_lm_head(self, lm_head: nn.Module) -> None:
         """Nothing to copy: the drafter always projects through the base model's lm_head."""
 
@@ -123,13 +139,25 @@ class FeatureDrafter(DraftVocabulary, nn.Module):
 
 
 def new_feature_drafter(base_model: nn.Module, levels: int = 5, base_name: str | None = None,
-                        draft_vocab: list[int] | None = None) -> FeatureDrafter:
+                        draft_vocab: list[int] | None = None, aux_layers: list[int] | None = None) -> FeatureDrafter:
     """An untrained drafter for `base_model`, drafting `levels` levels (a start for training), proposing from
-    `draft_vocab` (token ids) or the whole vocabulary."""
+    `draft_vocab` (token ids) or the whole vocabulary, fusing the inputs of `aux_layers` (from zero) if given."""
     c = base_model.config
     config = MedusaConfig(levels, 1, "shared_lm_head", c.hidden_size, c.vocab_size, base_name, None, "features",
-                          len(draft_vocab) if draft_vocab else None, medusa_feature_layer=feature_layer_fields(c))
+                          len(draft_vocab) if draft_vocab else None, medusa_feature_layer=feature_layer_fields(c),
+                          medusa_feature_aux_layers=list(aux_layers) if aux_layers else None)
     drafter = FeatureDrafter(config, c.hidden_size, c.vocab_size)
     if draft_vocab:
         drafter.draft_vocab.copy_(torch.tensor(draft_vocab))
+    if drafter.fuse is not None:
+        nn.init.zeros_(drafter.fuse.weight)
     return drafter
+
+
+def base_hidden(base_model: nn.Module, ids: torch.Tensor, aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The base model's final hidden states [B, L, H] over `ids` [B, L] and the inputs of `aux_layers`
+    concatenated [B, L, A*H] (None without them): what a drafter's `text_features` reads, in training."""
+    out = base_model.model(input_ids=ids, output_hidden_states=bool(aux_layers))
+    if not aux_layers:
+        return out.last_hidden_state, None
+    return out.last_hidden_state, torch.cat([out.hidden_states[i] for i in aux_layers], dim=-1)

@@ -126,6 +126,9 @@ def eagle_parameter_names(config: dict) -> set[str]:
 
 
 def export_eagle(drafter, base_config, directory: Path) -> None:
+    if drafter.aux_layers:
+        raise VllmExportError("a fused feature drafter (medusa_feature_aux_layers) has no vLLM layout: vLLM's `eagle` "
+                              "reads the final hidden states only, and its `eagle3` another layer design")
     state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items() if k != "draft_vocab"}
     config = eagle_config(drafter, base_config)
     replace_atomic(directory / VLLM_WEIGHTS, lambda staging: save_file(state, str(staging), metadata={"format": "pt"}))

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 RUNNER = ROOT / "tests" / "vllm" / "run_vllm.py"
 VLLM_HEADS = ROOT / "train" / "demo_heads_vllm"
-DEMO_DRAFTER = ROOT / "train" / "demo_drafter"
+DEMO_DRAFTER = ROOT / "train" / "demo_drafter_vllm"  # the unfused drafter vLLM's `eagle` loads
 QUESTIONS = ["Give me three tips for staying focused while studying.", "Write a short poem about autumn leaves.",
              "Explain what a hash table is.", "How do I make a cup of green tea?",
              "Write a Python function that reverses a string.", "What causes the seasons on Earth?"]

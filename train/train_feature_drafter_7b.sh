@@ -4,7 +4,9 @@
 # base run in every training step (a 7B model's features take 8 KB per token, too many to keep), soft targets
 # over a 32k draft vocabulary, 6 draft levels; its per-level accuracy measured on the held-out split is saved
 # with it for the runtime's choice. Then our engine drafts dynamic trees with it, and vLLM / vllm-ascend serve it
-# as `"method": "eagle"` (README, "Serving with vLLM").
+# as `"method": "eagle"` (README, "Serving with vLLM"). Adding `--aux_layers` (two layers at a third and two
+# thirds of the depth) trains a fused drafter that accepts a little more in our engine but that vLLM cannot serve
+# (train/demo_drafter/README.md); this recipe trains the one both run.
 #   BASE=/models/openPangu-Embedded-7B bash train/train_feature_drafter_7b.sh
 set -euo pipefail
 BASE=${BASE:?set BASE to the OpenPangu-Embedded-7B directory}

@@ -170,13 +170,23 @@ def test_vllm_distillation_without_the_vllm_environment_says_how_to_make_it(dist
     assert "make vllm-setup" in capsys.readouterr().err and not out.exists()
 
 
-def test_a_vllm_that_stops_is_a_clear_error_with_its_last_log_line(distilled, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("stopped_before_the_batch", [False, True])
+def test_a_vllm_that_stops_is_a_clear_error_with_its_last_log_line(distilled, tmp_path, monkeypatch, capsys,
+                                                                    stopped_before_the_batch):
     directory, data = distilled
     fake = tmp_path / ".venv-vllm" / "bin" / "python"
     fake.parent.mkdir(parents=True)
     fake.write_text("#!/bin/sh\necho 'RuntimeError: no memory for the KV cache' >&2\nexit 3\n")
     fake.chmod(0o755)
     monkeypatch.setattr(gen_distill_data, "ROOT", tmp_path)
+    if stopped_before_the_batch:  # the batch meets a closed pipe
+        send = gen_distill_data.VllmAnswers.__call__
+
+        def after_the_exit(self, batch):
+            self.process.wait()
+            return send(self, batch)
+
+        monkeypatch.setattr(gen_distill_data.VllmAnswers, "__call__", after_the_exit)
     out = tmp_path / "answers.jsonl"
     assert gen_distill_data.main(["--engine", "vllm", "--base_model", str(directory), "--prompts",
                                   str(data.parent / "prompts.jsonl"), "--out", str(out), "--max_samples", "2"]) == 2

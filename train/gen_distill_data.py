@@ -120,9 +120,12 @@ class VllmAnswers:
                                             text=True)
 
     def __call__(self, batch: list[list[int]]) -> list[list[int]]:
-        self.process.stdin.write(json.dumps(batch) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
+        try:
+            self.process.stdin.write(json.dumps(batch) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except BrokenPipeError:  # vLLM stopped before it read the batch
+            line = ""
         if not line:
             self.process.wait()
             lines = self.log.read_text(errors="replace").strip().splitlines()

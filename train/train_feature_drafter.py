@@ -14,6 +14,7 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -120,6 +121,8 @@ def cached_features(args, model, samples: list[dict], progress, fused: tuple[int
                                                                    progress, tuple(layers))))
         if path is not None:
             replace_atomic(path, lambda staging: torch.save({"source": source, "features": known}, staging))
+    if not fused:  # a fused run's file: the layers' inputs (twice the final features at two layers) are not kept
+        return [replace(known[key], aux=None) for key in keys]
     return [known[key] for key in keys]
 
 

@@ -226,7 +226,9 @@ class MedusaModel(nn.Module):
             proposing = f", proposing from {draft} tokens" if draft else ""
             if heads.config.medusa_head_input == "features":
                 fusing = f", fusing the inputs of layers {list(heads.aux_layers)}" if heads.aux_layers else ""
-                log(f"Feature drafter: {heads_dir} (one decoder layer, {heads.num_heads} levels{proposing}{fusing})")
+                layers = len(heads.layers)
+                log(f"Feature drafter: {heads_dir} ({layers} decoder layer{'s' if layers > 1 else ''}, "
+                    f"{heads.num_heads} levels{proposing}{fusing})")
             else:
                 log(f"Medusa heads: {heads_dir} ({heads.num_heads} heads, {heads.config.medusa_head_layout}, "
                     f"input {heads.config.medusa_head_input}{proposing})")

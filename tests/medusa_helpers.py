@@ -103,14 +103,14 @@ class ScriptedSchedule(FixedSchedule):
 
 
 def fit_feature_drafter(model, prompts: list[list[int]], max_new_tokens: int, levels: int = 4, steps: int = 60,
-                        seed: int = 0, aux_layers: tuple[int, ...] = ()):
-    """A feature drafter trained (as train/train_feature_drafter.py does) on the model's greedy continuations,
-    fusing the inputs of `aux_layers` if any."""
+                        seed: int = 0, aux_layers: tuple[int, ...] = (), layers: int = 1):
+    """A feature drafter of `layers` decoder layers trained (as train/train_feature_drafter.py does) on the model's
+    greedy continuations, fusing the inputs of `aux_layers` if any."""
     from train.feature_drafter_training import DrafterLoss, base_features, train_drafter
 
     torch.manual_seed(seed)
     samples = [{"prompt_ids": p, "output_ids": plain_greedy(model, p, max_new_tokens)} for p in prompts]
-    drafter = new_feature_drafter(model, levels, aux_layers=list(aux_layers))
+    drafter = new_feature_drafter(model, levels, aux_layers=list(aux_layers), layers=layers)
     train_drafter(DrafterLoss(drafter, model, unroll=2, token_weight=1.0),
                   base_features(model, samples, 4096, aux_layers=aux_layers), steps, 3e-3, 2000, seed)
     return drafter.eval()

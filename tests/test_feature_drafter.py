@@ -9,12 +9,13 @@ from safetensors.torch import load_file, save_file
 from inference.engine.decoding import DecodeRequest, DecodeStats
 from inference.engine.feature_drafting import FeatureTreeDrafter
 from inference.engine.medusa_decoding import MedusaDecoder
-from inference.runtime.feature_drafter import FeatureDrafter, base_hidden, new_feature_drafter
+from inference.runtime.feature_drafter import FeatureDrafter, base_hidden, new_feature_drafter, start_from
 from inference.runtime.drafter_config import MedusaConfig
 from inference.runtime.medusa_heads import MedusaLoadError, load_heads, save_heads
 from inference.runtime.vllm_export import VllmExportError, eagle_parameter_names, export_vllm
 from medusa_choices import DynamicTree, TreeError, load_tree
-from medusa_helpers import ScriptedSchedule, fit_feature_drafter, hf_greedy, random_heads, random_prompts
+from medusa_helpers import (ScriptedSchedule, fit_feature_drafter, hf_greedy, plain_greedy, random_heads,
+                            random_prompts)
 from train.feature_drafter_training import (DrafterLoss, base_features, causal_attention, collate, depth_accuracy,
                                             feature_samples)
 
@@ -47,12 +48,19 @@ def fused(tiny):
     return fit_feature_drafter(model, prompts, NEW_TOKENS, aux_layers=(1, 3))
 
 
+@pytest.fixture(scope="module")
+def two_layers(tiny):
+    """A drafter of two decoder layers, each with its own KV cache."""
+    model, prompts, _ = tiny
+    return fit_feature_drafter(model, prompts, NEW_TOKENS, layers=2)
+
+
 def decode_ids(decoder, prompt, tree, stats=None, max_new_tokens=NEW_TOKENS):
     return [t for step in decoder.decode(DecodeRequest(prompt, max_new_tokens), tree, stats=stats) for t in step]
 
 
 @pytest.mark.parametrize("name", TREES)
-@pytest.mark.parametrize("design", ["fitted", "fused"])
+@pytest.mark.parametrize("design", ["fitted", "fused", "two_layers"])
 def test_greedy_output_with_the_feature_drafter_equals_plain_greedy_and_it_drafts(tiny, design, name, request):
     model, prompts, references = tiny
     decoder, stats = MedusaDecoder(model, request.getfixturevalue(design)), DecodeStats()
@@ -96,7 +104,7 @@ def teacher_forced_chain(model, drafter, text: list[int], root_at: int) -> tuple
     return chain, scores
 
 
-@pytest.mark.parametrize("design", ["fitted", "fused"])
+@pytest.mark.parametrize("design", ["fitted", "fused", "two_layers"])
 def test_every_draft_is_the_chain_that_teacher_forcing_over_the_accepted_text_gives(tiny, design, request,
                                                                                   monkeypatch):
     """After the prompt, each verification and each plain step, the drafter's cache holds what reading the accepted
@@ -212,6 +220,22 @@ def test_the_eagle_export_holds_exactly_what_vllm_loads(tiny_pangu, tmp_path):
     drafter.layers[0].self_attn.o_proj.bias = None  # a layer vLLM would find without the bias it expects
     with pytest.raises(VllmExportError, match="o_proj.bias"):
         export_vllm(drafter, model.lm_head, tmp_path / "broken", model.config)
+
+
+def test_layers_added_to_a_drafter_start_as_identities_and_export_with_their_input_norms(tiny, fitted, tmp_path):
+    model, prompts, _ = tiny
+    grown = new_feature_drafter(model, fitted.num_heads, layers=2).to(model.dtype)
+    start_from(grown, fitted)
+    text = prompts[0] + plain_greedy(model, prompts[0], 8)
+    root = len(text) - 1
+    assert teacher_forced_chain(model, grown, text, root) == teacher_forced_chain(model, fitted, text, root)
+    with pytest.raises(MedusaLoadError, match="of 1 layers cannot start from one of 2"):
+        start_from(fitted, grown)
+    export_vllm(grown, model.lm_head, tmp_path / "eagle", model.config)
+    config = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    names = set(load_file(str(tmp_path / "eagle" / "model.safetensors")))
+    assert config["num_hidden_layers"] == 2 and names == eagle_parameter_names(config)
+    assert "layers.1.input_layernorm.weight" in names and "layers.0.input_layernorm.weight" not in names
 
 
 def test_a_fused_drafter_is_refused_where_it_cannot_run(tiny_pangu, tmp_path):

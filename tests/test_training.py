@@ -445,6 +445,29 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
+def test_a_drafter_grows_by_a_layer_from_the_one_it_starts_from_and_never_shrinks(distilled, tmp_path, capsys):
+    directory, data = distilled
+    common = ["--base_model", str(directory), "--data", str(data), "--levels", "2", "--tokens_per_batch", "256",
+              "--dtype", "fp32", "--epochs", "1"]
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "one")]) == 0
+    # a learning rate that leaves the weights as they were: the added layer stays an identity
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "two"), "--layers", "2", "--lr", "1e-12",
+                                                "--init", str(tmp_path / "one")]) == 0
+    one, two = saved_heads(tmp_path / "one"), saved_heads(tmp_path / "two")
+    assert len(two.layers) == 2 and two.layers[1].mlp.down_proj.weight.abs().max() < 1e-6
+    assert all(torch.allclose(v, two.state_dict()[k], atol=1e-6) for k, v in one.state_dict().items())
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again"), "--init", str(tmp_path / "two")]) == 0
+    assert len(saved_heads(tmp_path / "again").layers) == 2  # --init's layers by default
+    capsys.readouterr()
+    assert train_feature_drafter.main(common + ["--out", str(tmp_path / "less"), "--layers", "1",
+                                                "--init", str(tmp_path / "two")]) == 2
+    assert capsys.readouterr().err.strip().endswith("--layers 1: --init's drafter has 2 decoder layers (a drafter can "
+                                                    "add layers to the one it starts from, not drop them)")
+    assert medusa_generate.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "two"),
+                                 "--prompt", "hi", "--max_new_tokens", "8", "--dtype", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
+
+
 def test_a_draft_vocabulary_cut_keeps_its_most_frequent_tokens_for_heads_and_for_a_feature_drafter(distilled,
                                                                                                     tmp_path, capsys):
     directory, data = distilled

@@ -57,7 +57,7 @@ def base_features(base_model: nn.Module, samples: list[dict], max_length: int, p
     return out
 
 
-def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def causal_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
 
 
@@ -160,6 +160,8 @@ def train_drafter(loss_fn: DrafterLoss, samples: list[FeatureSample], epochs: fl
     plan = plan[: max(1, round(len(plan) * epochs / math.ceil(epochs)))]
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / len(plan))))
+    if progress is not None:
+        progress.reset(total=len(plan))
     for step, batch in enumerate(plan):
         loss, stats = loss_fn(*collate(batch, loss_fn.base_model, loss_fn.drafter.aux_layers))
         optimizer.zero_grad()

@@ -1,4 +1,5 @@
-"""Train a feature drafter (EAGLE-style: one decoder layer over the base model's features) on a frozen base model.
+"""Train a feature drafter (EAGLE-style: a decoder layer or a few over the base model's features) on a frozen base
+model.
 
     python train/train_feature_drafter.py --data data/sharegpt.jsonl --out train/demo_drafter --levels 6 \\
         --draft_vocab_from train/demo_heads --epochs 4 --unroll 2 --threads 2 --dtype bf16
@@ -23,7 +24,7 @@ from inference.runtime.arguments import (ArgumentParser, add_model_args, fractio
                                          positive_int)
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.errors import UserError, run_command
-from inference.runtime.feature_drafter import FeatureDrafter, feature_layer_fields, new_feature_drafter
+from inference.runtime.feature_drafter import FeatureDrafter, feature_layer_fields, new_feature_drafter, start_from
 from inference.runtime.loading import load_base_from_args
 from inference.runtime.medusa_heads import load_heads, save_heads
 from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
@@ -51,6 +52,9 @@ def parse_args(argv=None):
     parser.add_argument("--aux_layers", type=layer_list,
                         help="fuse the inputs of these base layers (comma-separated indices, e.g. 10,20 of 30) into the "
                         "text's features, after EAGLE-3; default: --init's, else none (the final features only)")
+    parser.add_argument("--layers", type=positive_int,
+                        help="decoder layers of the drafter; default: --init's, else 1 (layers added to --init's start "
+                        "as identities, so training starts from what --init drafts)")
     parser.add_argument("--epochs", type=positive_float, default=4.0)
     parser.add_argument("--lr", type=positive_float, default=1e-3)
     parser.add_argument("--tokens_per_batch", type=positive_int, default=4096, help="padded tokens per batch")
@@ -89,6 +93,15 @@ def aux_layers(args, model, initial: FeatureDrafter | None) -> tuple[int, ...]:
         raise UserError(f"--aux_layers: the base model has layers 1..{model.config.num_hidden_layers - 1} to fuse "
                         f"(an index >= 1 names the input of that layer), not {list(layers)}")
     return layers
+
+
+def decoder_layers(args, initial: FeatureDrafter | None) -> int:
+    """The drafter's decoder layers: --layers, else --init's, else 1; never fewer than --init's."""
+    known = len(initial.layers) if initial is not None else 1
+    if args.layers is not None and initial is not None and args.layers < known:
+        raise UserError(f"--layers {args.layers}: --init's drafter has {known} decoder layers (a drafter can add "
+                        "layers to the one it starts from, not drop them)")
+    return args.layers or known
 
 
 def sample_key(sample: FeatureSample) -> str:
@@ -173,9 +186,10 @@ def main(argv=None) -> int:
             train_features, eval_features = features[len(eval_samples):], features[: len(eval_samples)]
         featured = time.time()
         draft_ids = proposal_tokens(args, train_samples, model, initial)
-        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids, fused)
-        if initial is not None:  # its layer's weights (the fields match); the draft vocabulary is this run's
-            drafter.load_state_dict({k: v for k, v in initial.state_dict().items() if k != "draft_vocab"}, strict=False)
+        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids, fused,
+                                      decoder_layers(args, initial))
+        if initial is not None:  # its layers' weights (the fields match); the draft vocabulary is this run's
+            start_from(drafter, initial)
         drafter = drafter.to(model.device)
         loss_fn = DrafterLoss(drafter, model, args.unroll, args.token_weight)
         history = []

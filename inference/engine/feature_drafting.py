@@ -26,7 +26,7 @@ from medusa_choices import DynamicTree
 
 @dataclass(frozen=True, eq=False)
 class FeatureCache:
-    """The drafter's keys and values [kv_heads, capacity + scratch, head_dim] (text slots, then the draft's),
+    """The drafter's keys and values [layers, kv_heads, capacity + scratch, head_dim] (text slots, then the draft's),
     RoPE tables for every position a draft reaches, and `state` [1, H]: its output at the last text position
     it read where a plain step or the prompt left it (a tree step carries its candidates instead)."""
 
@@ -39,7 +39,7 @@ class FeatureCache:
 
     @property
     def slots(self) -> int:
-        return self.keys.shape[1]
+        return self.keys.shape[2]
 
 
 class FeatureCacheSlot:
@@ -57,7 +57,7 @@ class FeatureCacheSlot:
 
     def _new(self, capacity: int, scratch: int) -> FeatureCache:
         fields, weight = self.drafter.fields, self.base_model.lm_head.weight
-        shape = (fields["num_key_value_heads"], capacity + scratch, fields["head_dim"])
+        shape = (len(self.drafter.layers), fields["num_key_value_heads"], capacity + scratch, fields["head_dim"])
         keys, values = (torch.zeros(shape, device=weight.device, dtype=weight.dtype) for _ in range(2))
         positions = torch.arange(capacity + scratch, device=weight.device).unsqueeze(0)
         cos, sin = self.base_model.model.rotary_emb(keys, positions)
@@ -74,12 +74,13 @@ def read_positions(drafter: nn.Module, embeddings: nn.Module, cache: FeatureCach
     `visible` [T, slots] as in the base forward; None: the prompt on an empty cache, causal."""
     size = tokens.shape[0]
 
-    def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        cache.keys[:, slots], cache.values[:, slots] = key, value
+    def attend(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        keys, values = cache.keys[layer], cache.values[layer]
+        keys[:, slots], values[:, slots] = key, value
         scale = query.shape[-1] ** -0.5
         if visible is None:
-            return prompt_attention(query, cache.keys[:, :size], cache.values[:, :size], scale)
-        return attention(query, cache.keys, cache.values, visible, scale)
+            return prompt_attention(query, keys[:, :size], values[:, :size], scale)
+        return attention(query, keys, values, visible, scale)
 
     return drafter(embeddings(tokens), features, cache.cos[positions], cache.sin[positions], attend)
 

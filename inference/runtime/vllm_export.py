@@ -13,10 +13,10 @@ vLLM 0.32 refuses such a directory ("Following weights were not initialized from
 {'token_map'}"). vLLM's heads then score over the whole shared lm_head, which the heads were trained with.
 
 The feature drafter is written as vLLM's `EagleLlamaForCausalLM` loads it (model_executor/models/llama_eagle.py):
-a Llama config of one layer (vLLM prefixes the architecture with "Eagle"), `fc.weight` and `layers.0.*` with
-no input norm (vLLM replaces it with the identity), the embeddings and lm_head taken from the served model. Its
-draft vocabulary is left out for the same reason as above (EAGLE-1 in vLLM reads none): vLLM scores its
-proposals over the whole lm_head.
+a Llama config of the drafter's layers (vLLM prefixes the architecture with "Eagle"), `fc.weight` and
+`layers.{i}.*`, the first with no input norm (vLLM replaces it with the identity), the embeddings and lm_head
+taken from the served model. Its draft vocabulary is left out for the same reason as above (EAGLE-1 in vLLM
+reads none): vLLM scores its proposals over the whole lm_head.
 """
 
 import json
@@ -97,14 +97,14 @@ def check_vllm_names(directory: Path) -> None:
 
 
 def eagle_config(drafter, base_config) -> dict:
-    """The draft model config vLLM's EAGLE reads: a one-layer Llama of the drafter's layer and the base's RoPE."""
+    """The draft model config vLLM's EAGLE reads: a Llama of the drafter's layers and the base's RoPE."""
     fields = drafter.config.medusa_feature_layer
     config = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
         "hidden_size": base_config.hidden_size,
         "vocab_size": base_config.vocab_size,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": len(drafter.layers),
         "max_position_embeddings": base_config.max_position_embeddings,
         "tie_word_embeddings": False,
         **fields,
@@ -117,12 +117,16 @@ def eagle_config(drafter, base_config) -> dict:
 
 
 def eagle_parameter_names(config: dict) -> set[str]:
-    """The tensors vLLM's EAGLE Llama loads from a draft directory of `config` (embeddings and lm_head shared)."""
-    layer = "layers.0."
-    names = {"fc.weight", layer + "post_attention_layernorm.weight"}
-    names |= {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    """The tensors vLLM's EAGLE Llama loads from a draft directory of `config` (embeddings and lm_head shared;
+    the first layer has no input norm)."""
     kinds = ("weight", "bias") if config["attention_bias"] else ("weight",)
-    return names | {f"{layer}self_attn.{p}_proj.{k}" for p in "qkvo" for k in kinds}
+    names = {"fc.weight"}
+    for index in range(config["num_hidden_layers"]):
+        layer = f"layers.{index}."
+        names |= {layer + "post_attention_layernorm.weight"} | ({layer + "input_layernorm.weight"} if index else set())
+        names |= {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        names |= {f"{layer}self_attn.{p}_proj.{k}" for p in "qkvo" for k in kinds}
+    return names
 
 
 def export_eagle(drafter, base_config, directory: Path) -> None:

@@ -22,7 +22,8 @@ def profile_from_table(hardware: str, plain: dict, points: dict) -> StepProfile:
     return StepProfile(plain, {d: {t: profile.tree_step_ms(d, t) for t in SIZES} for d in points}, hardware)
 
 
-# Issue 12's AMD EPYC with AVX2 only (no bf16 GEMM kernel): bf16 costs ~k x one token, fp32 is flat.
+# Issue 12's AMD EPYC with AVX2 only (no bf16 GEMM kernel): bf16 costs ~k x one token, fp32 is flat. Measured
+# with the demo heads: the feature drafter's levels cost more there (each its own bf16 GEMMs).
 AVX2 = profile_from_table(
     "AMD EPYC (AVX2, no native bf16), torch 2.13.0+cpu, 2 threads", {BF16: 47.0, FP32: 87.0},
     {BF16: {4: 94.0, 8: 150.0, 13: 238.0, 16: 278.0, 32: 536.0},
@@ -46,9 +47,8 @@ def demo_accuracy() -> list[list[float]]:
 COMMITTED = [(DEMO_HEADS_DIR, 3), (DEMO_HEADS_DIR.parent / "demo_drafter", 6)]
 
 
-@pytest.mark.parametrize("directory,heads", COMMITTED, ids=["demo_heads", "demo_drafter"])
-def test_avx2_cpu_falls_back_to_plain_bf16_with_a_reason(directory, heads):
-    choice = choose_runtime(AVX2, heads, committed_accuracy(directory))
+def test_avx2_cpu_falls_back_to_plain_bf16_with_a_reason():
+    choice = choose_runtime(AVX2, 3, demo_accuracy())
     assert choice.tree is None and choice.dtype == choice.plain_dtype == BF16
     assert choice.tree_tokens == 1
     assert "plain decoding in bf16" in choice.reason and "expected at only" in choice.reason

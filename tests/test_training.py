@@ -445,7 +445,8 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
-def test_a_drafter_grows_by_a_layer_from_the_one_it_starts_from_and_never_shrinks(distilled, tmp_path, capsys):
+def test_a_drafter_grows_by_a_layer_from_the_one_it_starts_from_and_never_shrinks(distilled, tmp_path, capsys,
+                                                                                  monkeypatch):
     directory, data = distilled
     common = ["--base_model", str(directory), "--data", str(data), "--levels", "2", "--tokens_per_batch", "256",
               "--dtype", "fp32", "--epochs", "1"]
@@ -459,8 +460,11 @@ def test_a_drafter_grows_by_a_layer_from_the_one_it_starts_from_and_never_shrink
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again"), "--init", str(tmp_path / "two")]) == 0
     assert len(saved_heads(tmp_path / "again").layers) == 2  # --init's layers by default
     capsys.readouterr()
+    # refused before the base features, which take minutes on real data
+    monkeypatch.setattr(train_feature_drafter, "base_features", lambda *args, **kwargs: pytest.fail("features first"))
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "less"), "--layers", "1",
                                                 "--init", str(tmp_path / "two")]) == 2
+    monkeypatch.undo()
     assert capsys.readouterr().err.strip().endswith("--layers 1: --init's drafter has 2 decoder layers (a drafter can "
                                                     "add layers to the one it starts from, not drop them)")
     assert medusa_generate.main(["--base_model", str(directory), "--medusa_dir", str(tmp_path / "two"),

@@ -174,6 +174,7 @@ def main(argv=None) -> int:
         model, _ = load_base_from_args(args)
         initial = initial_drafter(args, model)
         fused = aux_layers(args, model, initial)
+        layers = decoder_layers(args, initial)  # checked before the features, which take minutes
         read = [s for path in args.data for s in read_samples(path)]
         samples = distinct(read)
         train_samples, eval_samples = split_held_out(samples, args.eval_fraction, args.seed)
@@ -186,8 +187,7 @@ def main(argv=None) -> int:
             train_features, eval_features = features[len(eval_samples):], features[: len(eval_samples)]
         featured = time.time()
         draft_ids = proposal_tokens(args, train_samples, model, initial)
-        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids, fused,
-                                      decoder_layers(args, initial))
+        drafter = new_feature_drafter(model, args.levels, args.base_model or DEMO_NAME, draft_ids, fused, layers)
         if initial is not None:  # its layers' weights (the fields match); the draft vocabulary is this run's
             start_from(drafter, initial)
         drafter = drafter.to(model.device)

@@ -6,12 +6,11 @@ Medusa heads guess token t+2+i from one hidden state. The feature drafter is a d
 base model's lm_head gives token x[p+2]. The features are the base model's final hidden states (after its last
 norm, what its lm_head reads) for accepted text, and the drafter's own predictions inside a draft, so every
 drafted token sees the features of the ones before it and the drafter attends to the whole text through a KV
-cache of its own. A fused drafter (config
-`medusa_feature_aux_layers`, after EAGLE-3) reads richer features for the text: the final hidden states plus a
-learned map (`fuse`, zero at the start of training) of the RMS-normalised inputs of some intermediate layers,
-which carry more of what follows than the final layer keeps; inside a draft it reads its own predictions as
-before. As in EAGLE (and vLLM's `eagle` speculator, which loads these weights), the first layer has no input
-norm and no norm follows the last.
+cache of its own. A fused drafter (config `medusa_feature_aux_layers`, after EAGLE-3) reads richer features
+for the text: the final hidden states plus a learned map (`fuse`, zero at the start of training) of the
+RMS-normalised inputs of some intermediate layers, which carry more of what follows than the final layer keeps;
+inside a draft it reads its own predictions as before. As in EAGLE (and vLLM's `eagle` speculator, which loads
+these weights), the first layer has no input norm and no norm follows the last.
 
 Its config is a `MedusaConfig` whose `medusa_num_heads` is how many levels it drafts and whose
 `medusa_feature_layer` describes its layers (read from the base model's config when the drafter is made, so the

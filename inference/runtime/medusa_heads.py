@@ -17,8 +17,8 @@ tokens the tree has already put in front of them:
   the candidates on its tree path, so head i predicts t+2+i knowing what the heads before it proposed. The
   tree is then drafted level by level (one batched call of head i over the nodes of level i).
 Such a head starts with a Linear([hidden; embeddings] -> hidden) initialised to pass the hidden state through.
-- `"features"`: not heads but an EAGLE-style feature drafter, a decoder layer (or a few) over the base model's features
-  with a KV cache of its own (inference/runtime/feature_drafter.py; `build_heads` makes either).
+- `"features"`: not heads but an EAGLE-style feature drafter, a decoder layer (or a few) over the base model's
+  features with a KV cache of its own (inference/runtime/feature_drafter.py; `build_heads` makes either).
 
 Shared-lm_head heads may carry a draft vocabulary (`medusa_draft_vocab_size` ids, the `draft_vocab`
 tensor): the tokens the base model emits most often. Proposals are then scored over those rows of the

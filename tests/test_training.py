@@ -391,6 +391,17 @@ def test_a_drafter_trained_on_a_bf16_base_is_scored_as_it_drafts_and_saved_in_fp
     assert all(p.dtype == torch.float32 for p in drafter.parameters())
 
 
+def mapped_from(path: Path, tensor: torch.Tensor) -> bool:
+    """Whether `tensor`'s data lies in a memory map of the file `path` (Linux)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path.resolve()):
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= tensor.data_ptr() < high:
+                return True
+    return False
+
+
 def saved_heads(directory: Path):
     """The heads or drafter a training run saved in `directory`, loaded by their own config."""
     config = json.loads((directory / "config.json").read_text())
@@ -432,10 +443,16 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     plain, fused = saved_heads(tmp_path / "plain"), saved_heads(tmp_path / "fused")
     assert fused.aux_layers == (1, 3) and fused.fuse.weight.abs().max() < 1e-6
     assert all(torch.allclose(v, fused.state_dict()[k], atol=1e-6) for k, v in plain.state_dict().items())
-    # a plain drafter reads the fused run's cache (it holds the final features too) without the base model
+    # a plain drafter reads the fused run's cache (it holds the final features too) without the base model, mapped
+    # from the file rather than copied into memory
     monkeypatch.setattr(train_feature_drafter, "base_features", lambda *args, **kwargs: pytest.fail("recomputed"))
+    trained_on = []
+    train = train_feature_drafter.train_drafter
+    monkeypatch.setattr(train_feature_drafter, "train_drafter",
+                        lambda loss, features, *rest: trained_on.extend(features) or train(loss, features, *rest))
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again")]) == 0
     monkeypatch.undo()
+    assert trained_on and all(mapped_from(cache, sample.features) for sample in trained_on)
     capsys.readouterr()
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "deep"), "--aux_layers", "4"]) == 2
     assert capsys.readouterr().err.strip().endswith("--aux_layers: the base model has layers 1..3 to fuse (an index "

@@ -118,7 +118,7 @@ def cached_features(args, model, samples: list[dict], progress, fused: tuple[int
     path = Path(args.features_cache) if args.features_cache else None
     known, layers = {}, list(fused)
     if path is not None and path.is_file():
-        cached = torch.load(path, weights_only=False)
+        cached = torch.load(path, weights_only=False, mmap=True)  # paged in as read: it may outgrow memory
         kept = dict(cached.get("source", {}))
         kept_layers = kept.pop("aux_layers", [])
         if kept == source and (kept_layers == layers or not layers):

@@ -462,6 +462,56 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
+def test_a_growing_features_cache_keeps_only_its_newest_file_mapped(distilled, tmp_path, monkeypatch):
+    """Each write replaces the cache file; features still mapped from the replaced one would pin its disk space
+    (a 20 GB cache written five times would need six copies' room)."""
+    directory, data = distilled
+    cache = tmp_path / "features.pt"
+    first_half = tmp_path / "first.jsonl"
+    first_half.write_text("".join(data.read_text().splitlines(keepends=True)[:5]))
+    common = ["--levels", "2", "--tokens_per_batch", "256", "--dtype", "fp32", "--epochs", "1",
+              "--base_model", str(directory), "--features_cache", str(cache)]
+    assert train_feature_drafter.main(common + ["--data", str(first_half), "--out", str(tmp_path / "first")]) == 0
+    monkeypatch.setattr(train_feature_drafter, "SAVE_EVERY", 1)  # a write after each of the five new samples
+    seen = {}
+    train = train_feature_drafter.train_drafter
+
+    def spying(loss, features, *rest):
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        seen["replaced"] = [line for line in maps if line.endswith(f"{cache} (deleted)")]
+        seen["mapped"] = all(mapped_from(cache, sample.features) for sample in features)
+        return train(loss, features, *rest)
+
+    monkeypatch.setattr(train_feature_drafter, "train_drafter", spying)
+    assert train_feature_drafter.main(common + ["--data", str(data), "--out", str(tmp_path / "all")]) == 0
+    assert seen == {"replaced": [], "mapped": True}
+
+
+def test_a_features_cache_that_cannot_be_written_fails_in_one_line_and_keeps_its_file(distilled, tmp_path, capsys,
+                                                                                   monkeypatch):
+    directory, data = distilled
+    cache = tmp_path / "features.pt"
+    first_half = tmp_path / "first.jsonl"
+    first_half.write_text("".join(data.read_text().splitlines(keepends=True)[:5]))
+    common = ["--levels", "2", "--tokens_per_batch", "256", "--dtype", "fp32", "--epochs", "1",
+              "--base_model", str(directory), "--features_cache", str(cache)]
+    assert train_feature_drafter.main(common + ["--data", str(first_half), "--out", str(tmp_path / "first")]) == 0
+    kept = cache.read_bytes()
+
+    def full_disk(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"part")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2115 vs 2114\nmore")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    capsys.readouterr()
+    assert train_feature_drafter.main(common + ["--data", str(data), "--out", str(tmp_path / "all")]) == 2
+    error = capsys.readouterr().err.strip().split("\n")[-1]
+    assert error.startswith(f"error: --features_cache {cache}: could not write it ([enforce fail at inline_container"
+                            ".cc:672] . unexpected pos 2115 vs 2114); ")  # the cause's first line, the rest dropped
+    assert "GB free on its disk" in error and error.endswith("the file keeps what it held")
+    assert cache.read_bytes() == kept and [p.name for p in tmp_path.glob(".features.pt*")] == []
+
+
 def test_a_drafter_grows_by_a_layer_from_the_one_it_starts_from_and_never_shrinks(distilled, tmp_path, capsys,
                                                                                   monkeypatch):
     directory, data = distilled

@@ -13,6 +13,7 @@ as decoding does, saved with the drafter for the runtime's choice of tree. The r
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 import time
 from dataclasses import replace
@@ -109,20 +110,38 @@ def sample_key(sample: FeatureSample) -> str:
     return hashlib.sha1(sample.ids.to(torch.int64).numpy().tobytes() + str(sample.answer_start).encode()).hexdigest()
 
 
+def mapped_cache(path: Path) -> dict:
+    """The features cache at `path`, paged in as read: it may outgrow memory."""
+    return torch.load(path, weights_only=False, mmap=True)
+
+
+def write_cache(path: Path, cache: dict) -> None:
+    try:
+        replace_atomic(path, lambda staging: torch.save(cache, staging))
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+        free = shutil.disk_usage(path.parent).free / 1e9
+        raise UserError(f"--features_cache {path}: could not write it ({str(error).splitlines()[0]}); {free:.1f} GB "
+                        "free on its disk, and a write needs room for the new file beside the old one; the file keeps "
+                        "what it held") from None
+
+
 def cached_features(args, model, samples: list[dict], progress, fused: tuple[int, ...]) -> list:
     """`base_features` of `samples` (with the inputs of the `fused` layers); with `--features_cache`, each
     sample's features are kept by its token ids, so a later run reads those it has and computes only the new
     samples' (data added costs only its own). The file is written every SAVE_EVERY new samples, so an
-    interrupted run keeps what it computed. A drafter that fuses nothing reads a fused drafter's file too."""
+    interrupted run keeps what it computed. A drafter that fuses nothing reads a fused drafter's file too.
+    After each write the features are mapped from the new file, so the replaced one's disk space is freed:
+    the cache needs room for two copies of itself, not one more per write."""
     source = {"base_model": str(model.config._name_or_path), "dtype": str(model.dtype), "max_length": args.max_length}
     path = Path(args.features_cache) if args.features_cache else None
     known, layers = {}, list(fused)
     if path is not None and path.is_file():
-        cached = torch.load(path, weights_only=False, mmap=True)  # paged in as read: it may outgrow memory
+        cached = mapped_cache(path)
         kept = dict(cached.get("source", {}))
         kept_layers = kept.pop("aux_layers", [])
         if kept == source and (kept_layers == layers or not layers):
             known, layers = cached["features"], kept_layers  # new samples get the same layers as the kept ones
+        del cached
     if layers:
         source["aux_layers"] = layers
     keys = [sample_key(sample) for sample in feature_samples(samples, args.max_length)]
@@ -133,7 +152,8 @@ def cached_features(args, model, samples: list[dict], progress, fused: tuple[int
         known.update(zip((keys[i] for i in chunk), base_features(model, [samples[i] for i in chunk], args.max_length,
                                                                    progress, tuple(layers))))
         if path is not None:
-            replace_atomic(path, lambda staging: torch.save({"source": source, "features": known}, staging))
+            write_cache(path, {"source": source, "features": known})
+            known = mapped_cache(path)["features"]
     if not fused:  # a fused run's file: the layers' inputs (twice the final features at two layers) are not kept
         return [replace(known[key], aux=None) for key in keys]
     return [known[key] for key in keys]

@@ -462,9 +462,9 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
-def test_a_growing_features_cache_keeps_only_its_newest_file_mapped(distilled, tmp_path, monkeypatch):
-    """Each write replaces the cache file; features still mapped from the replaced one would pin its disk space
-    (a 20 GB cache written five times would need six copies' room)."""
+def cache_of_the_first_half(distilled, tmp_path: Path) -> tuple[Path, list[str], Path]:
+    """A features cache written by a drafter run over half the distilled samples: the cache, the options that
+    read it, and the whole data (whose other half a second run adds)."""
     directory, data = distilled
     cache = tmp_path / "features.pt"
     first_half = tmp_path / "first.jsonl"
@@ -472,6 +472,13 @@ def test_a_growing_features_cache_keeps_only_its_newest_file_mapped(distilled, t
     common = ["--levels", "2", "--tokens_per_batch", "256", "--dtype", "fp32", "--epochs", "1",
               "--base_model", str(directory), "--features_cache", str(cache)]
     assert train_feature_drafter.main(common + ["--data", str(first_half), "--out", str(tmp_path / "first")]) == 0
+    return cache, common, data
+
+
+def test_a_growing_features_cache_keeps_only_its_newest_file_mapped(distilled, tmp_path, monkeypatch):
+    """Each write replaces the cache file; features still mapped from the replaced one would pin its disk space
+    (a 20 GB cache written five times would need six copies' room)."""
+    cache, common, data = cache_of_the_first_half(distilled, tmp_path)
     monkeypatch.setattr(train_feature_drafter, "SAVE_EVERY", 1)  # a write after each of the five new samples
     seen = {}
     train = train_feature_drafter.train_drafter
@@ -489,13 +496,7 @@ def test_a_growing_features_cache_keeps_only_its_newest_file_mapped(distilled, t
 
 def test_a_features_cache_that_cannot_be_written_fails_in_one_line_and_keeps_its_file(distilled, tmp_path, capsys,
                                                                                    monkeypatch):
-    directory, data = distilled
-    cache = tmp_path / "features.pt"
-    first_half = tmp_path / "first.jsonl"
-    first_half.write_text("".join(data.read_text().splitlines(keepends=True)[:5]))
-    common = ["--levels", "2", "--tokens_per_batch", "256", "--dtype", "fp32", "--epochs", "1",
-              "--base_model", str(directory), "--features_cache", str(cache)]
-    assert train_feature_drafter.main(common + ["--data", str(first_half), "--out", str(tmp_path / "first")]) == 0
+    cache, common, data = cache_of_the_first_half(distilled, tmp_path)
     kept = cache.read_bytes()
 
     def full_disk(obj, f, *args, **kwargs):

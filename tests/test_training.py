@@ -665,6 +665,25 @@ def test_a_corrupt_hidden_state_cache_is_made_again_with_a_notice(distilled, tin
     assert medusa_training.cached_answer_hidden_states(model, data, samples, 2048)  # the remade cache reads
 
 
+def test_a_hidden_state_cache_that_cannot_be_written_is_a_notice_and_training_goes_on(distilled, tiny_pangu,
+                                                                                      tmp_path, capsys, monkeypatch):
+    model = tiny_pangu[1]
+    data, samples, first = cached_copy(distilled, model, tmp_path)
+    (tmp_path / "data.jsonl.hidden.pt").unlink()
+
+    def full_disk(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"part")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2115 vs 2114\nmore")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    again = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    notice = capsys.readouterr().err.strip().split("\n")
+    assert notice == [f"hidden-state cache {tmp_path / 'data.jsonl.hidden.pt'} could not be written ([enforce fail at "
+                      "inline_container.cc:672] . unexpected pos 2115 vs 2114): training goes on without it"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # neither the cache nor its staging file
+
+
 def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu):
     model = tiny_pangu[1]
     vocab = model.config.vocab_size

@@ -191,7 +191,8 @@ def hidden_cache_path(data: Path, base_model, max_length: int) -> tuple[Path, di
 def cached_answer_hidden_states(base_model, data: Path, samples: list[dict], max_length: int,
                                 progress=None) -> list[torch.Tensor]:
     """`answer_hidden_states` of a data file's samples, from its cache file when that was made from the same file
-    and base model, else computed and saved there: resuming or retraining does not pay for the base again."""
+    and base model, else computed and saved there: resuming or retraining does not pay for the base again. The
+    cache only saves time, so a cache that cannot be written (a full disk) is a notice, not the end of the run."""
     path, source = hidden_cache_path(data, base_model, max_length)
     if path.is_file():
         try:
@@ -204,8 +205,11 @@ def cached_answer_hidden_states(base_model, data: Path, samples: list[dict], max
             print(f"hidden-state cache {path} is unreadable ({type(error).__name__}): computing it again",
                   file=sys.stderr)
     rows = answer_hidden_states(base_model, samples, max_length, progress)
-    # a kill mid-write never leaves a torn cache; the staging file is per process (torchrun ranks)
-    replace_atomic(path, lambda staging: torch.save({"source": source, "rows": rows}, staging))
+    try:  # a kill mid-write never leaves a torn cache; the staging file is per process (torchrun ranks)
+        replace_atomic(path, lambda staging: torch.save({"source": source, "rows": rows}, staging))
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+        print(f"hidden-state cache {path} could not be written ({str(error).splitlines()[0]}): training goes on "
+              "without it", file=sys.stderr)
     return rows
 
 

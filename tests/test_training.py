@@ -462,6 +462,12 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["new_tokens"] == 8
 
 
+def save_to_a_full_disk(obj, f, *args, **kwargs):
+    """torch.save as it fails on a full disk: part of the file written, then a many-line RuntimeError."""
+    Path(f).write_bytes(b"part")
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2115 vs 2114\nmore")
+
+
 def cache_of_the_first_half(distilled, tmp_path: Path) -> tuple[Path, list[str], Path]:
     """A features cache written by a drafter run over half the distilled samples: the cache, the options that
     read it, and the whole data (whose other half a second run adds)."""
@@ -499,11 +505,7 @@ def test_a_features_cache_that_cannot_be_written_fails_in_one_line_and_keeps_its
     cache, common, data = cache_of_the_first_half(distilled, tmp_path)
     kept = cache.read_bytes()
 
-    def full_disk(obj, f, *args, **kwargs):
-        Path(f).write_bytes(b"part")
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2115 vs 2114\nmore")
-
-    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", save_to_a_full_disk)
     capsys.readouterr()
     assert train_feature_drafter.main(common + ["--data", str(data), "--out", str(tmp_path / "all")]) == 2
     error = capsys.readouterr().err.strip().split("\n")[-1]
@@ -671,17 +673,29 @@ def test_a_hidden_state_cache_that_cannot_be_written_is_a_notice_and_training_go
     data, samples, first = cached_copy(distilled, model, tmp_path)
     (tmp_path / "data.jsonl.hidden.pt").unlink()
 
-    def full_disk(obj, f, *args, **kwargs):
-        Path(f).write_bytes(b"part")
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2115 vs 2114\nmore")
-
-    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", save_to_a_full_disk)
     again = medusa_training.cached_answer_hidden_states(model, data, samples, 2048)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     notice = capsys.readouterr().err.strip().split("\n")
     assert notice == [f"hidden-state cache {tmp_path / 'data.jsonl.hidden.pt'} could not be written ([enforce fail at "
                       "inline_container.cc:672] . unexpected pos 2115 vs 2114): training goes on without it"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # neither the cache nor its staging file
+
+
+def test_a_hidden_state_cache_write_that_fails_without_a_message_is_still_a_one_line_notice(distilled, tiny_pangu,
+                                                                                             tmp_path, capsys,
+                                                                                             monkeypatch):
+    model = tiny_pangu[1]
+    data, samples, first = cached_copy(distilled, model, tmp_path)
+    (tmp_path / "data.jsonl.hidden.pt").unlink()
+
+    def save_failing_silently(obj, f, *args, **kwargs):
+        raise RuntimeError()
+
+    monkeypatch.setattr(torch, "save", save_failing_silently)
+    assert len(medusa_training.cached_answer_hidden_states(model, data, samples, 2048)) == len(first)
+    assert capsys.readouterr().err == (f"hidden-state cache {tmp_path / 'data.jsonl.hidden.pt'} could not be written "
+                                       "(): training goes on without it\n")
 
 
 def test_rank_accuracy_scores_proposals_through_the_draft_vocabulary(tiny_pangu):

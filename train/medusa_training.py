@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from inference.runtime.errors import UserError
+from inference.runtime.errors import UserError, first_line
 from inference.runtime.jsonl import jsonl_lines
 from inference.runtime.outputs import replace_atomic
 
@@ -208,7 +208,7 @@ def cached_answer_hidden_states(base_model, data: Path, samples: list[dict], max
     try:  # a kill mid-write never leaves a torn cache; the staging file is per process (torchrun ranks)
         replace_atomic(path, lambda staging: torch.save({"source": source, "rows": rows}, staging))
     except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
-        print(f"hidden-state cache {path} could not be written ({str(error).splitlines()[0]}): training goes on "
+        print(f"hidden-state cache {path} could not be written ({first_line(error)}): training goes on "
               "without it", file=sys.stderr)
     return rows
 

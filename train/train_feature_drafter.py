@@ -24,7 +24,7 @@ import torch
 from inference.runtime.arguments import (ArgumentParser, add_model_args, fraction, non_negative_float, positive_float,
                                          positive_int)
 from inference.runtime.demo_model import DEMO_NAME
-from inference.runtime.errors import UserError, run_command
+from inference.runtime.errors import UserError, first_line, run_command
 from inference.runtime.feature_drafter import FeatureDrafter, feature_layer_fields, new_feature_drafter, start_from
 from inference.runtime.loading import load_base_from_args
 from inference.runtime.medusa_heads import load_heads, save_heads
@@ -120,7 +120,7 @@ def write_cache(path: Path, cache: dict) -> None:
         replace_atomic(path, lambda staging: torch.save(cache, staging))
     except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
         free = shutil.disk_usage(path.parent).free / 1e9
-        raise UserError(f"--features_cache {path}: could not write it ({str(error).splitlines()[0]}); {free:.1f} GB "
+        raise UserError(f"--features_cache {path}: could not write it ({first_line(error)}); {free:.1f} GB "
                         "free on its disk, and a write needs room for the new file beside the old one; the file keeps "
                         "what it held") from None
 

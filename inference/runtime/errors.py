@@ -12,6 +12,12 @@ class UserError(ValueError):
     """Bad input or environment the user can fix; the message says how."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, for a one-line report: some run to many lines (torch.save's
+    full-disk error), some are empty."""
+    return (str(error).splitlines() or [""])[0]
+
+
 def to_stderr(line: str) -> None:
     """Where one-line notices go by default (progress, choices, compiling)."""
     print(line, file=sys.stderr)

@@ -42,6 +42,7 @@ from torch import nn
 
 from inference.runtime.drafter_config import (HEAD_INPUTS, LAYOUTS, MEDUSA_HEAD_INPUTS, DraftVocabulary,  # noqa: F401
                                               MedusaConfig, MedusaLoadError)
+from inference.runtime.errors import first_line
 from inference.runtime.feature_drafter import FeatureDrafter
 from inference.runtime.outputs import replace_atomic, write_atomic
 
@@ -226,7 +227,7 @@ def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
             state = torch.load(directory / HEADS_WEIGHTS_PT, map_location="cpu", weights_only=True)
         except Exception as error:  # truncated or not a torch file: torch raises several kinds
             raise MedusaLoadError(f"{directory / HEADS_WEIGHTS_PT} is unreadable: {type(error).__name__}: "
-                                  f"{str(error).splitlines()[0] if str(error) else ''}") from None
+                                  f"{first_line(error)}") from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise MedusaLoadError(f"{directory / HEADS_WEIGHTS_PT} does not hold a state dict of tensors")
         return state

@@ -24,8 +24,8 @@ from inference.runtime.medusa_heads import MedusaHeads
 from medusa_choices import load_tree, validate_tree
 from medusa_helpers import fit_heads, plain_greedy, random_heads, random_prompts
 from medusa_model import load_heads, save_heads
-from train import (distilled_answers, draft_vocab, export_checkpoint, gen_distill_data, medusa_tree_builder,
-                   train_feature_drafter, train_medusa)
+from train import (distilled_answers, draft_vocab, export_checkpoint, features_cache, gen_distill_data,
+                   medusa_tree_builder, train_feature_drafter, train_medusa)
 from train import medusa_training
 from train.medusa_training import (IGNORE, CachedPositions, MedusaTrainingModule, cache_hidden_states, distinct,
                                    head_targets, most_frequent_tokens, read_samples, soft_cross_entropy)
@@ -329,7 +329,7 @@ def test_training_saves_heads_that_medusa_generate_loads(distilled, tmp_path, ca
 def test_feature_drafter_training_saves_a_drafter_the_tree_builder_and_medusa_generate_read(distilled, tmp_path, capsys,
                                                                                             monkeypatch, features):
     directory, data = distilled
-    cache = tmp_path / "features.pt"
+    cache = tmp_path / "features"
     options = ["--features_cache", str(cache)] if features == "cached" else ["--online_features", "--unroll", "2"]
     common = ["--base_model", str(directory), "--data", str(data), "--levels", "3", "--epochs", "2",
               "--tokens_per_batch", "256", "--dtype", "fp32", "--draft_vocab_size", "20", *options]
@@ -344,7 +344,7 @@ def test_feature_drafter_training_saves_a_drafter_the_tree_builder_and_medusa_ge
         def recomputed(*args, **kwargs):
             raise AssertionError("features recomputed despite the cache")
 
-        monkeypatch.setattr(train_feature_drafter, "base_features", recomputed)
+        monkeypatch.setattr(features_cache, "base_features", recomputed)
         assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again")]) == 0
         again = load_heads(tmp_path / "again", config["hidden_size"], config["vocab_size"])
         assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
@@ -358,7 +358,7 @@ def test_feature_drafter_training_saves_a_drafter_the_tree_builder_and_medusa_ge
             computed.extend(samples)
             return base_features(model, samples, *args, **kwargs)
 
-        monkeypatch.setattr(train_feature_drafter, "base_features", counted)
+        monkeypatch.setattr(features_cache, "base_features", counted)
         with_added = [*common[:common.index("--data") + 2], str(added), *common[common.index("--data") + 2:]]
         assert train_feature_drafter.main(with_added + ["--out", str(tmp_path / "more")]) == 0
         assert [s["output_ids"] for s in computed] == [r["output_ids"] + [7] for r in records]
@@ -402,6 +402,11 @@ def mapped_from(path: Path, tensor: torch.Tensor) -> bool:
     return False
 
 
+def mapped_from_cache(cache: Path, tensor: torch.Tensor) -> bool:
+    """Whether `tensor`'s data lies in a memory map of one of the features cache's shard files."""
+    return any(mapped_from(shard, tensor) for shard in cache.glob("*.pt"))
+
+
 def saved_heads(directory: Path):
     """The heads or drafter a training run saved in `directory`, loaded by their own config."""
     config = json.loads((directory / "config.json").read_text())
@@ -433,7 +438,7 @@ def test_a_drafter_trained_from_another_starts_from_its_weights_and_proposes_fro
 
 def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(distilled, tmp_path, capsys, monkeypatch):
     directory, data = distilled
-    cache = tmp_path / "features.pt"
+    cache = tmp_path / "features"
     common = ["--base_model", str(directory), "--data", str(data), "--levels", "2", "--tokens_per_batch", "256",
               "--dtype", "fp32", "--epochs", "1", "--features_cache", str(cache)]
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "plain")]) == 0
@@ -444,15 +449,15 @@ def test_a_fused_drafter_trains_from_a_plain_one_and_shares_its_feature_cache(di
     assert fused.aux_layers == (1, 3) and fused.fuse.weight.abs().max() < 1e-6
     assert all(torch.allclose(v, fused.state_dict()[k], atol=1e-6) for k, v in plain.state_dict().items())
     # a plain drafter reads the fused run's cache (it holds the final features too) without the base model, mapped
-    # from the file rather than copied into memory
-    monkeypatch.setattr(train_feature_drafter, "base_features", lambda *args, **kwargs: pytest.fail("recomputed"))
+    # from its files rather than copied into memory
+    monkeypatch.setattr(features_cache, "base_features", lambda *args, **kwargs: pytest.fail("recomputed"))
     trained_on = []
     train = train_feature_drafter.train_drafter
     monkeypatch.setattr(train_feature_drafter, "train_drafter",
                         lambda loss, features, *rest: trained_on.extend(features) or train(loss, features, *rest))
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "again")]) == 0
     monkeypatch.undo()
-    assert trained_on and all(mapped_from(cache, sample.features) for sample in trained_on)
+    assert trained_on and all(mapped_from_cache(cache, sample.features) for sample in trained_on)
     capsys.readouterr()
     assert train_feature_drafter.main(common + ["--out", str(tmp_path / "deep"), "--aux_layers", "4"]) == 2
     assert capsys.readouterr().err.strip().endswith("--aux_layers: the base model has layers 1..3 to fuse (an index "
@@ -472,7 +477,7 @@ def cache_of_the_first_half(distilled, tmp_path: Path) -> tuple[Path, list[str],
     """A features cache written by a drafter run over half the distilled samples: the cache, the options that
     read it, and the whole data (whose other half a second run adds)."""
     directory, data = distilled
-    cache = tmp_path / "features.pt"
+    cache = tmp_path / "features"
     first_half = tmp_path / "first.jsonl"
     first_half.write_text("".join(data.read_text().splitlines(keepends=True)[:5]))
     common = ["--levels", "2", "--tokens_per_batch", "256", "--dtype", "fp32", "--epochs", "1",
@@ -481,38 +486,96 @@ def cache_of_the_first_half(distilled, tmp_path: Path) -> tuple[Path, list[str],
     return cache, common, data
 
 
-def test_a_growing_features_cache_keeps_only_its_newest_file_mapped(distilled, tmp_path, monkeypatch):
-    """Each write replaces the cache file; features still mapped from the replaced one would pin its disk space
-    (a 20 GB cache written five times would need six copies' room)."""
+def shard_contents(cache: Path) -> dict[str, set[str]]:
+    """Each shard file's name and the sample keys it holds."""
+    return {shard.name: set(torch.load(shard, weights_only=False, mmap=True)["features"]) for shard in cache.glob("*.pt")}
+
+
+def test_a_growing_features_cache_adds_shards_of_the_new_samples_and_never_rewrites_one(distilled, tmp_path,
+                                                                                        monkeypatch):
+    """Rewriting the whole cache at every write costs minutes and twice its size in disk for a 25 GB cache; new
+    samples go into new shard files and the training reads every feature mapped from them."""
     cache, common, data = cache_of_the_first_half(distilled, tmp_path)
-    monkeypatch.setattr(train_feature_drafter, "SAVE_EVERY", 1)  # a write after each of the five new samples
+    (first,) = cache.glob("*.pt")
+    before, first_keys = first.stat(), shard_contents(cache)[first.name]
+    monkeypatch.setattr(features_cache, "SHARD_SAMPLES", 2)  # the five new samples in three shards
     seen = {}
     train = train_feature_drafter.train_drafter
 
     def spying(loss, features, *rest):
-        maps = Path("/proc/self/maps").read_text().splitlines()
-        seen["replaced"] = [line for line in maps if line.endswith(f"{cache} (deleted)")]
-        seen["mapped"] = all(mapped_from(cache, sample.features) for sample in features)
+        seen["mapped"] = all(mapped_from_cache(cache, sample.features) for sample in features)
+        seen["replaced"] = [line for line in Path("/proc/self/maps").read_text().splitlines() if "(deleted)" in line
+                            and str(cache) in line]
         return train(loss, features, *rest)
 
     monkeypatch.setattr(train_feature_drafter, "train_drafter", spying)
     assert train_feature_drafter.main(common + ["--data", str(data), "--out", str(tmp_path / "all")]) == 0
-    assert seen == {"replaced": [], "mapped": True}
+    after = first.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    shards = shard_contents(cache)
+    new = [keys for name, keys in shards.items() if name != first.name]
+    assert sorted(len(keys) for keys in new) == [1, 2, 2] and not set.union(*new) & first_keys
+    assert seen == {"mapped": True, "replaced": []}
+    assert sorted(p.name for p in cache.iterdir()) == sorted(shards)  # no staging file left
 
 
-def test_a_features_cache_that_cannot_be_written_fails_in_one_line_and_keeps_its_file(distilled, tmp_path, capsys,
-                                                                                   monkeypatch):
+def test_a_features_cache_that_cannot_be_written_fails_in_one_line_and_keeps_its_shards(distilled, tmp_path, capsys,
+                                                                                      monkeypatch):
     cache, common, data = cache_of_the_first_half(distilled, tmp_path)
-    kept = cache.read_bytes()
+    kept = {shard.name: shard.read_bytes() for shard in cache.iterdir()}
 
     monkeypatch.setattr(torch, "save", save_to_a_full_disk)
     capsys.readouterr()
     assert train_feature_drafter.main(common + ["--data", str(data), "--out", str(tmp_path / "all")]) == 2
     error = capsys.readouterr().err.strip().split("\n")[-1]
-    assert error.startswith(f"error: --features_cache {cache}: could not write it ([enforce fail at inline_container"
-                            ".cc:672] . unexpected pos 2115 vs 2114); ")  # the cause's first line, the rest dropped
-    assert "GB free on its disk" in error and error.endswith("the file keeps what it held")
-    assert cache.read_bytes() == kept and [p.name for p in tmp_path.glob(".features.pt*")] == []
+    assert error.startswith(f"error: --features_cache {cache}: could not write a shard ([enforce fail at "
+                            "inline_container.cc:672] . unexpected pos 2115 vs 2114); ")  # the first line only
+    assert "GB free on its disk" in error and error.endswith("the shards written before are kept, and a rerun "
+                                                              "computes only the rest")
+    assert {shard.name: shard.read_bytes() for shard in cache.iterdir()} == kept
+
+
+def test_a_features_cache_reads_only_shards_of_its_settings_and_keeps_the_others(distilled, tmp_path, capsys,
+                                                                               monkeypatch):
+    cache, common, data = cache_of_the_first_half(distilled, tmp_path)
+    first_half = tmp_path / "first.jsonl"
+    computed = []
+
+    def counted(model, samples, *args, **kwargs):
+        computed.extend(samples)
+        return base_features(model, samples, *args, **kwargs)
+
+    monkeypatch.setattr(features_cache, "base_features", counted)
+    capsys.readouterr()
+    in_bf16 = common + ["--data", str(first_half), "--dtype", "bf16"]  # the same samples, features of another dtype
+    assert train_feature_drafter.main(in_bf16 + ["--out", str(tmp_path / "bf16")]) == 0
+    assert len(computed) == 5 and len(list(cache.glob("*.pt"))) == 2
+    assert (f"features cache {cache}: 1 shard(s) of another base model, dtype, --max_length or fused layers left as "
+            "they are") in capsys.readouterr().err
+    computed.clear()
+    for options in (in_bf16, common + ["--data", str(first_half)]):  # each reads its own shard again
+        assert train_feature_drafter.main(options + ["--out", str(tmp_path / "again")]) == 0
+    assert computed == []
+
+
+def test_a_features_cache_given_as_a_file_says_how_to_keep_it(distilled, tmp_path, capsys, monkeypatch):
+    """A cache file of an earlier version holds what one shard holds: moved into a directory, it is read."""
+    cache, common, data = cache_of_the_first_half(distilled, tmp_path)
+    (shard,) = cache.glob("*.pt")
+    old = tmp_path / "features.pt"
+    shard.rename(old)
+    cache.rmdir()
+    capsys.readouterr()
+    options = [*common[: common.index("--features_cache")], "--features_cache", str(old), "--data", str(data)]
+    assert train_feature_drafter.main(options + ["--out", str(tmp_path / "again")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: --features_cache {old} is a file: give a directory, which keeps one file per 2000 "
+                     f"samples (a cache file of an earlier version is one of them: mkdir DIR && mv {old} DIR/)")
+    cache.mkdir()
+    old.rename(cache / old.name)
+    monkeypatch.setattr(features_cache, "base_features", lambda *args, **kwargs: pytest.fail("recomputed"))
+    first_half = tmp_path / "first.jsonl"
+    assert train_feature_drafter.main(common + ["--data", str(first_half), "--out", str(tmp_path / "again")]) == 0
 
 
 def test_a_drafter_grows_by_a_layer_from_the_one_it_starts_from_and_never_shrinks(distilled, tmp_path, capsys,

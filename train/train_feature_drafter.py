@@ -11,12 +11,9 @@ as decoding does, saved with the drafter for the runtime's choice of tree. The r
 """
 
 import argparse
-import hashlib
 import json
-import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,16 +21,14 @@ import torch
 from inference.runtime.arguments import (ArgumentParser, add_model_args, fraction, non_negative_float, positive_float,
                                          positive_int)
 from inference.runtime.demo_model import DEMO_NAME
-from inference.runtime.errors import UserError, first_line, run_command
+from inference.runtime.errors import UserError, run_command
 from inference.runtime.feature_drafter import FeatureDrafter, feature_layer_fields, new_feature_drafter, start_from
 from inference.runtime.loading import load_base_from_args
 from inference.runtime.medusa_heads import load_heads, save_heads
-from inference.runtime.outputs import check_output_dir, replace_atomic, write_atomic
-from train.feature_drafter_training import (DrafterLoss, FeatureSample, base_features, depth_accuracy,
-                                            feature_samples, train_drafter)
+from inference.runtime.outputs import check_output_dir, write_atomic
+from train.feature_drafter_training import DrafterLoss, base_features, depth_accuracy, feature_samples, train_drafter
+from train.features_cache import cached_features, check_cache
 from train.medusa_training import distinct, draft_vocabulary, read_samples, split_held_out
-
-SAVE_EVERY = 2000  # new samples between two writes of --features_cache (a few minutes of a small model's features)
 
 
 def parse_args(argv=None):
@@ -68,9 +63,10 @@ def parse_args(argv=None):
     parser.add_argument("--online_features", action="store_true",
                         help="run the frozen base model in every training step instead of keeping its features in "
                         "memory (for large models: a 7B model's features take 8 KB per token)")
-    parser.add_argument("--features_cache", help="keep the base features in this file, each sample's by its token "
-                        "ids, and reuse them while the base model, its dtype and --max_length are the same (training "
-                        "again skips the base model; data added later computes only the new samples')")
+    parser.add_argument("--features_cache", metavar="DIR", help="keep the base features in this directory, each "
+                        "sample's by its token ids, and reuse them while the base model, its dtype and --max_length are "
+                        "the same (training again skips the base model; data added later computes only the new "
+                        "samples' and adds them as new files)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -105,60 +101,6 @@ def decoder_layers(args, initial: FeatureDrafter | None) -> int:
     return args.layers or known
 
 
-def sample_key(sample: FeatureSample) -> str:
-    """What a sample's features depend on besides the base model: its token ids and where its answer starts."""
-    return hashlib.sha1(sample.ids.to(torch.int64).numpy().tobytes() + str(sample.answer_start).encode()).hexdigest()
-
-
-def mapped_cache(path: Path) -> dict:
-    """The features cache at `path`, paged in as read: it may outgrow memory."""
-    return torch.load(path, weights_only=False, mmap=True)
-
-
-def write_cache(path: Path, cache: dict) -> None:
-    try:
-        replace_atomic(path, lambda staging: torch.save(cache, staging))
-    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
-        free = shutil.disk_usage(path.parent).free / 1e9
-        raise UserError(f"--features_cache {path}: could not write it ({first_line(error)}); {free:.1f} GB "
-                        "free on its disk, and a write needs room for the new file beside the old one; the file keeps "
-                        "what it held") from None
-
-
-def cached_features(args, model, samples: list[dict], progress, fused: tuple[int, ...]) -> list:
-    """`base_features` of `samples` (with the inputs of the `fused` layers); with `--features_cache`, each
-    sample's features are kept by its token ids, so a later run reads those it has and computes only the new
-    samples' (data added costs only its own). The file is written every SAVE_EVERY new samples, so an
-    interrupted run keeps what it computed. A drafter that fuses nothing reads a fused drafter's file too.
-    After each write the features are mapped from the new file, so the replaced one's disk space is freed:
-    the cache needs room for two copies of itself, not one more per write."""
-    source = {"base_model": str(model.config._name_or_path), "dtype": str(model.dtype), "max_length": args.max_length}
-    path = Path(args.features_cache) if args.features_cache else None
-    known, layers = {}, list(fused)
-    if path is not None and path.is_file():
-        cached = mapped_cache(path)
-        kept = dict(cached.get("source", {}))
-        kept_layers = kept.pop("aux_layers", [])
-        if kept == source and (kept_layers == layers or not layers):
-            known, layers = cached["features"], kept_layers  # new samples get the same layers as the kept ones
-        del cached
-    if layers:
-        source["aux_layers"] = layers
-    keys = [sample_key(sample) for sample in feature_samples(samples, args.max_length)]
-    missing = [i for i, key in enumerate(keys) if key not in known]
-    progress.update(len(samples) - len(missing))
-    for start in range(0, len(missing), SAVE_EVERY):
-        chunk = missing[start : start + SAVE_EVERY]
-        known.update(zip((keys[i] for i in chunk), base_features(model, [samples[i] for i in chunk], args.max_length,
-                                                                   progress, tuple(layers))))
-        if path is not None:
-            write_cache(path, {"source": source, "features": known})
-            known = mapped_cache(path)["features"]
-    if not fused:  # a fused run's file: the layers' inputs (twice the final features at two layers) are not kept
-        return [replace(known[key], aux=None) for key in keys]
-    return [known[key] for key in keys]
-
-
 def initial_drafter(args, model) -> FeatureDrafter | None:
     """The drafter --init names, checked to have the layer a new drafter for `model` would have."""
     if not args.init:
@@ -190,6 +132,9 @@ def main(argv=None) -> int:
 
     def body():
         check_output_dir(args.out)
+        cache = Path(args.features_cache) if args.features_cache else None
+        if cache is not None:
+            check_cache(cache)
         torch.manual_seed(args.seed)
         model, _ = load_base_from_args(args)
         initial = initial_drafter(args, model)
@@ -203,7 +148,7 @@ def main(argv=None) -> int:
             eval_features = base_features(model, eval_samples, args.max_length, aux_layers=fused)
         else:
             with tqdm(total=len(samples), desc="base features", unit="sample") as progress:
-                features = cached_features(args, model, eval_samples + train_samples, progress, fused)
+                features = cached_features(cache, model, eval_samples + train_samples, args.max_length, progress, fused)
             train_features, eval_features = features[len(eval_samples):], features[: len(eval_samples)]
         featured = time.time()
         draft_ids = proposal_tokens(args, train_samples, model, initial)

@@ -10,7 +10,6 @@ the command lines, `medusa_compat`, the benchmark and `convert_medusa` all load 
 themselves and their files are `inference.runtime.medusa_heads`; the decoding engine is `inference.engine`.
 """
 
-import copy
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from inference.engine.plain_decoding import PlainDecoder
 from inference.engine.sampling import Sampling
 from inference.engine.step_schedule import AdaptiveSchedule, StepOption
 from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
-from inference.runtime.calibration import GraphProfile, graph_profile, model_in_dtype, step_profile, write_correction
+from inference.runtime.calibration import GraphProfile, graph_profile, step_profile, write_correction
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
 from inference.runtime.errors import to_stderr
@@ -127,31 +126,29 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
                         compile: str = "off") -> RuntimeChoice:
     """Dtype, tree and graph mode for this machine (calibrated once, then cached); what is given is kept as given.
 
-    `compile` auto: eager and captured steps of the chosen dtype and tree are timed against each other (the
-    tree is chosen from eager costs) and each side runs the faster way; plain decoding takes over where the
-    faster plain step leaves an automatically chosen tree expected below the threshold."""
+    `compile` auto: eager and captured steps of the chosen tree (chosen from eager costs) are timed against each other
+    in every dtype the choice may take, and each side runs in the dtype and graph mode timed fastest; plain decoding
+    takes over where the faster plain step leaves an automatically chosen tree expected below the threshold."""
     if dtype is not None and tree is not None:
-        return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, log, compile)[0]
+        return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, [dtype], log, compile)[0]
     accuracy = heads.config.medusa_head_accuracy
     profile = step_profile(model, heads, None if dtype is None else [dtype], log)
     choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification)
-    choice, graph = captured_where_faster(choice, model, heads, tree, log, compile)
+    choice, graph = captured_where_faster(choice, model, heads, tree, list(profile.plain_ms), log, compile)
     return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None, graph=graph)
 
 
 def captured_where_faster(choice: RuntimeChoice, model: nn.Module, heads: MedusaHeads, tree: Tree | DynamicTree | None,
-                          log: Callable[[str], None], compile: str) -> tuple[RuntimeChoice, GraphProfile | None]:
-    """`choice` with each side captured as `compile` says (auto: where that was timed faster), and the eager
-    against captured timings that decided it (auto only)."""
+                          dtypes: list[torch.dtype], log: Callable[[str], None],
+                          compile: str) -> tuple[RuntimeChoice, GraphProfile | None]:
+    """`choice` with each side captured as `compile` says (auto: in the dtype of `dtypes` and the graph mode timed
+    fastest), and the eager against captured timings that decided it (auto only)."""
     if compile != "off":
         use_compile_cache()
     if compile == "on":
         return replace(choice, compiled=True, plain_compiled=True), None
     if compile == "auto":
-        medusa_model = model_in_dtype(model, choice.dtype)
-        plain_model = model_in_dtype(model, choice.plain_dtype)
-        timed_heads = copy.deepcopy(heads).to(device=model.device, dtype=choice.dtype)
-        graph = graph_profile(medusa_model, plain_model, timed_heads, choice.tree, log)
+        graph = graph_profile(model, heads, choice.tree, dtypes, log)
         return with_graph_mode(choice, graph, may_fall_back=tree is None), graph
     return choice, None
 

@@ -20,16 +20,19 @@ from inference.runtime.runtime_choice import fastest_plain_dtype
 
 def make_session(args, device: torch.device, dtype: torch.dtype | str | None) -> Session:
     model, tokenizer = load_base(args.base_model, device, None if dtype == AUTO else dtype)
+    fastest, dtypes = model.dtype, [model.dtype]
     if dtype == AUTO:
-        fastest = fastest_plain_dtype(step_profile(model, None))
-        model = model.to(fastest)
-        print(f"Runtime: plain decoding in {dtype_name(fastest)}, the fastest here", file=sys.stderr)
+        profile = step_profile(model, None)
+        fastest, dtypes = fastest_plain_dtype(profile), list(profile.plain_ms)
     if args.compile != "off":
         use_compile_cache()
     captured = args.compile == "on"
-    if args.compile == "auto":
-        profile = graph_profile(model, model, None, None)
-        captured = profile.faster_captured(profile.plain_ms)
+    if args.compile == "auto":  # captured steps can order the dtypes otherwise than eager ones
+        graph = graph_profile(model, None, None, dtypes)
+        fastest, captured, _ = graph.fastest(graph.plain_ms)
+    if dtype == AUTO:
+        model = model.to(fastest)
+        print(f"Runtime: plain decoding in {dtype_name(fastest)}, the fastest here", file=sys.stderr)
     print(f"Graph mode: {'captured' if captured else 'eager'} steps", file=sys.stderr)
     decoder = PlainDecoder(model, captured, log=to_stderr)
     return Session(model, tokenizer, decoder.decode, args)

@@ -404,8 +404,37 @@ def test_a_captured_step_that_fails_on_this_machine_is_timed_eager_with_one_line
     monkeypatch.setattr(calibration, "step_runner", failing_when_captured)
     heads = random_heads(model, num_heads=2, head_input="hidden_and_path")
     notices = []
-    graph = calibration.graph_profile(model, model, heads, DynamicTree(2), log=notices.append)
-    assert graph.plain_ms["captured"] == graph.step_ms["captured"] == float("inf")
-    assert 0 < graph.plain_ms["eager"] < float("inf") and 0 < graph.step_ms["eager"] < float("inf")
+    graph = calibration.graph_profile(model, heads, DynamicTree(2), [FP32], log=notices.append)
+    assert graph.plain_ms[FP32]["captured"] == graph.step_ms[FP32]["captured"] == float("inf")
+    assert 0 < graph.plain_ms[FP32]["eager"] < float("inf") and 0 < graph.step_ms[FP32]["eager"] < float("inf")
     assert any("failed on this machine" in line and "index out of bounds" in line for line in notices)
     assert not any(calibration.calibration_dir().glob("*.json"))  # the next run tries capturing again
+
+
+def test_eager_and_captured_steps_are_timed_in_every_dtype_once_and_then_read_from_the_cache(
+        tiny_pangu, quick_calibration, monkeypatch):
+    """Captured steps can order the dtypes otherwise than eager ones, so each dtype is timed both ways."""
+    model = tiny_pangu[1]
+    runs = []
+
+    def recorded(model, calls, tree=None, heads=None, context=calibration.CONTEXT, captured=False):
+        assert tree is None or next(heads.parameters()).dtype == model.dtype
+        runs.append(("plain" if tree is None else "step", model.dtype, captured))
+        return lambda: time.sleep(0.002)  # a timing the cache keeps (it keeps positive ms only)
+
+    monkeypatch.setattr(calibration, "step_runner", recorded)
+    heads = random_heads(model, num_heads=2, head_input="hidden_and_path")
+    notices = []
+    graph = calibration.graph_profile(model, heads, DynamicTree(2), [BF16, FP32], log=notices.append)
+    assert sorted(set(runs), key=str) == sorted({(side, dtype, captured) for side in ("plain", "step")
+                                                 for dtype in (BF16, FP32) for captured in (False, True)}, key=str)
+    assert set(graph.plain_ms) == set(graph.step_ms) == {BF16, FP32}
+    assert all(set(modes) == {"eager", "captured"} for modes in [*graph.plain_ms.values(), *graph.step_ms.values()])
+    assert model.dtype == FP32 and "in bf16, fp32 once" in notices[0]
+    runs.clear()
+    assert calibration.graph_profile(model, heads, DynamicTree(2), [BF16, FP32], log=notices.append) == graph
+    assert runs == [] and len(notices) == 1
+    # the plain step alone, in one dtype, is a profile of its own
+    alone = calibration.graph_profile(model, None, None, [FP32], log=notices.append)
+    assert alone.step_ms is None and set(alone.plain_ms) == {FP32} and set(runs) == {("plain", FP32, False),
+                                                                                  ("plain", FP32, True)}

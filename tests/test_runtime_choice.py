@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from inference.runtime.calibration import GraphProfile, StepProfile
-from inference.runtime.runtime_choice import MIN_EXPECTED_SPEEDUP, choose_runtime, redecided, with_step_options
+from inference.runtime.runtime_choice import (MIN_EXPECTED_SPEEDUP, choose_runtime, redecided, with_graph_mode,
+                                              with_step_options)
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
@@ -139,23 +140,52 @@ def test_medusa_is_used_from_an_expected_speedup_of_one_point_two(step_ms, uses_
     assert choice.expected_speedup == pytest.approx(1.25 if uses_medusa else 1.0)
 
 
-def test_each_side_runs_captured_where_that_was_timed_faster_and_a_fast_plain_step_can_take_over():
-    from inference.runtime.calibration import GraphProfile
-    from inference.runtime.runtime_choice import with_graph_mode
+def pairs(eager: float, captured: float) -> dict[str, float]:
+    return {"eager": eager, "captured": captured}
 
+
+def test_each_side_runs_captured_where_that_was_timed_faster_and_a_fast_plain_step_can_take_over():
     choice = choose_runtime(NATIVE_BF16, 5, demo_accuracy())
     assert choice.tree is not None and not choice.compiled and choice.graph_mode == "eager"
-    both = with_graph_mode(choice, GraphProfile({"eager": 37.6, "captured": 30.0}, {"eager": 44.5, "captured": 36.0}))
+    both = with_graph_mode(choice, GraphProfile({BF16: pairs(37.6, 30.0)}, {BF16: pairs(44.5, 36.0)}))
     assert both.compiled and both.plain_compiled and both.graph_mode == "captured" and both.tree == choice.tree
     assert both.expected_speedup == pytest.approx(choice.expected_tokens_per_step * 30.0 / 36.0, abs=1e-4)
-    mixed = with_graph_mode(choice, GraphProfile({"eager": 37.6, "captured": 30.0}, {"eager": 44.5, "captured": 50.0}))
+    mixed = with_graph_mode(choice, GraphProfile({BF16: pairs(37.6, 30.0)}, {BF16: pairs(44.5, 50.0)}))
     assert not mixed.compiled and mixed.plain_compiled and mixed.graph_mode == "Medusa eager, plain captured"
     # captured plain steps so cheap that the tree is expected below the threshold: plain decoding, captured
-    fast_plain = GraphProfile({"eager": 37.6, "captured": 12.0}, {"eager": 44.5, "captured": 40.0})
+    fast_plain = GraphProfile({BF16: pairs(37.6, 12.0)}, {BF16: pairs(44.5, 40.0)})
     fallback = with_graph_mode(choice, fast_plain)
     assert fallback.tree is None and fallback.compiled and "plain decoding" in fallback.reason
     # a tree the user gave is kept
     assert with_graph_mode(choice, fast_plain, may_fall_back=False).tree == choice.tree
+
+
+# A 2-core AMD EPYC with AVX512-BF16 and no AMX, the demo feature drafter's 9-token tree, torch 2.13.0+cpu: eager,
+# fp32 costs twice what bf16 does; captured, fp32 plain steps are the cheapest of all.
+EPYC_GRAPH = GraphProfile({BF16: pairs(22.7, 20.6), FP32: pairs(46.1, 16.0)},
+                          {BF16: pairs(36.0, 21.6), FP32: pairs(60.0, 19.0)})
+
+
+def test_each_side_takes_the_dtype_and_graph_mode_timed_fastest_even_against_the_eager_order():
+    choice = choose_runtime(NATIVE_BF16, 6, committed_accuracy(COMMITTED[1][0]), dynamic=True)
+    assert choice.dtype == choice.plain_dtype == BF16  # eager costs chose bf16
+    captured = with_graph_mode(choice, EPYC_GRAPH)
+    assert (captured.dtype, captured.compiled, captured.plain_dtype, captured.plain_compiled) == (FP32, True, FP32, True)
+    assert captured.tree == choice.tree
+    assert captured.expected_speedup == pytest.approx(choice.expected_tokens_per_step * 16.0 / 19.0, abs=1e-4)
+    assert captured.reason.startswith(f"fp32, {choice.tree_tokens}-token dynamic tree") and \
+        "fp32 captured 19.0 ms step vs fp32 captured plain 16.0 ms" in captured.reason
+    # each side on its own: the tree's step cheapest in bf16, the plain step in fp32
+    split = with_graph_mode(choice, replace(EPYC_GRAPH, step_ms={BF16: pairs(36.0, 18.0), FP32: pairs(60.0, 19.0)}))
+    assert (split.dtype, split.plain_dtype) == (BF16, FP32)
+    # plain decoding chosen from eager costs: it runs in the dtype and mode timed fastest
+    plain = with_graph_mode(replace(choice, tree=None), replace(EPYC_GRAPH, step_ms=None))
+    assert (plain.dtype, plain.plain_dtype, plain.compiled) == (FP32, FP32, True)
+    assert plain.reason.endswith("fastest here: fp32 captured plain 16.0 ms")
+    # a captured fp32 tree step costs the options the schedule weighs in fp32
+    options = with_step_options(captured, NATIVE_BF16, committed_accuracy(COMMITTED[1][0]), 6, False, EPYC_GRAPH).options
+    assert [(o.tokens, o.profile_ms) for o in options] == [(choice.tree_tokens, 19.0),
+                                                           (1, pytest.approx(NATIVE_BF16.plain_ms[FP32] * 16.0 / 46.1))]
 
 
 def test_a_chosen_tree_competes_at_every_step_with_the_sizes_next_to_it_and_the_plain_step():
@@ -178,7 +208,7 @@ def test_a_given_or_captured_tree_competes_with_the_plain_step_only():
     assert [o.tokens for o in with_step_options(given, NATIVE_BF16, demo_accuracy(), 3, True).options] == [17, 1]
     chosen = choose_runtime(NATIVE_BF16, 3, demo_accuracy())
     captured = replace(chosen, compiled=True)
-    graph = GraphProfile({"eager": 40.0, "captured": 20.0}, {"eager": 50.0, "captured": 30.0})
+    graph = GraphProfile({BF16: pairs(40.0, 20.0)}, {BF16: pairs(50.0, 30.0)})
     timed = with_step_options(captured, NATIVE_BF16, demo_accuracy(), 3, False, graph)
     assert [(o.tokens, o.profile_ms) for o in timed.options] == [(chosen.tree_tokens, 30.0),
                                                                   (1, NATIVE_BF16.plain_ms[BF16] / 2)]
@@ -202,3 +232,21 @@ def test_a_choice_from_a_wrong_profile_is_decided_again_as_from_the_right_one_on
 def test_a_fallback_to_plain_decoding_stays_plain_decoding():
     choice = choose_runtime(AVX2, 3, demo_accuracy())
     assert choice.tree is None and with_step_options(choice, AVX2, demo_accuracy(), 3, tree_given=False).options == ()
+
+
+def test_plain_decoding_runs_in_the_dtype_its_eager_and_captured_timings_found_fastest(tiny_pangu, monkeypatch,
+                                                                                      capsys):
+    """Eager costs order bf16 first; timed eager against captured in each dtype, fp32 eager is the fastest."""
+    from inference import generate
+
+    monkeypatch.setattr(generate, "step_profile", lambda *args, **kwargs: StepProfile({BF16: 10.0, FP32: 20.0},
+                                                                                      {BF16: {}, FP32: {}}))
+    timed = []
+    monkeypatch.setattr(generate, "graph_profile", lambda model, heads, tree, dtypes: timed.extend(dtypes) or
+                        GraphProfile({BF16: pairs(10.0, 12.0), FP32: pairs(5.0, 8.0)}, None))
+    argv = ["--base_model", str(tiny_pangu[0]), "--prompt", "hi", "--max_new_tokens", "4", "--json"]
+    assert generate.main(argv + ["--compile", "auto"]) == 0
+    err = capsys.readouterr().err
+    assert timed == [BF16, FP32] and "plain decoding in fp32" in err and "Graph mode: eager steps" in err
+    assert generate.main(argv + ["--compile", "off"]) == 0
+    assert "plain decoding in bf16" in capsys.readouterr().err

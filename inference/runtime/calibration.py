@@ -441,36 +441,62 @@ def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) ->
 
 @dataclass(frozen=True)
 class GraphProfile:
-    """ms of the plain step and of the chosen Medusa step, eager and captured (None: not timed)."""
+    """ms of the plain step and of the chosen Medusa step, eager and captured, in each timed dtype (`step_ms` None:
+    no Medusa step was timed)."""
 
-    plain_ms: dict[str, float]  # "eager" / "captured"
-    step_ms: dict[str, float] | None
+    plain_ms: dict[torch.dtype, dict[str, float]]  # dtype -> "eager" / "captured" -> ms
+    step_ms: dict[torch.dtype, dict[str, float]] | None
 
-    def faster_captured(self, table: dict[str, float] | None) -> bool:
-        return table is not None and table["captured"] < table["eager"]
+    @staticmethod
+    def fastest(table: dict[torch.dtype, dict[str, float]]) -> tuple[torch.dtype, bool, float]:
+        """The dtype and graph mode (True: captured) of the cheapest step in `table`, and its ms."""
+        dtype, mode = min(((d, mode) for d, modes in table.items() for mode in modes), key=lambda dm: table[dm[0]][dm[1]])
+        return dtype, mode == "captured", table[dtype][mode]
+
+    def to_dict(self) -> dict:
+        return {side: None if table is None else {dtype_name(d): modes for d, modes in table.items()}
+                for side, table in (("plain_ms", self.plain_ms), ("step_ms", self.step_ms))}
+
+    @classmethod
+    def from_dict(cls, data: dict, dtypes: list[torch.dtype], with_step: bool) -> "GraphProfile":
+        """The timings in `data`, checked: eager and captured in each of `dtypes`, for the Medusa step too where
+        `with_step`."""
+        def table(timed: dict) -> dict[torch.dtype, dict[str, float]]:
+            if set(timed) != {dtype_name(d) for d in dtypes}:
+                raise ValueError(f"eager and captured timings needed in {', '.join(map(dtype_name, dtypes))}")
+            return {DTYPES[name]: _checked_pair(modes) for name, modes in timed.items()}
+
+        return cls(table(data["plain_ms"]), table(data["step_ms"]) if with_step else None)
 
 
-def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, log=None) -> GraphProfile:
-    """Eager against captured steps for plain decoding (`plain_model`, in its dtype) and, with `tree`, for Medusa
-    (`model` with `heads`): measured once per machine, models, tree and dtypes, then read from the cache."""
+def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[torch.dtype],
+                  log=None) -> GraphProfile:
+    """Eager against captured steps in each of `dtypes` (copies of `model`), for plain decoding and, with `tree`,
+    for Medusa with `heads`: measured once per machine, model, heads, tree and dtypes, then read from the cache.
+    Every dtype is timed captured, as the eager order need not hold there: on a 2-core AMD EPYC with AVX512-BF16
+    and no AMX, an eager plain fp32 step cost twice a bf16 one, and a captured one 0.78x of a captured bf16 one."""
     log = log or to_stderr
-    key = profile_key(model, heads, [model.dtype, plain_model.dtype], ()) | {"graph": repr(tree)}
+    key = profile_key(model, heads, dtypes, ()) | {"graph": repr(tree)}
     path = profile_path(key)
-    cached = read_cached(path, "graph", lambda data: GraphProfile(
-        _checked_pair(data["plain_ms"]), None if tree is None else _checked_pair(data["step_ms"])), log)
+    cached = read_cached(path, "graph", lambda data: GraphProfile.from_dict(data, dtypes, tree is not None), log)
     if cached is not None:
         return cached
-    log("Timing eager against captured steps: compiling the plain step" + (" and the Medusa step" if tree else "")
-        + f" once (about 3 min on 2 CPU cores; kept in {path})")
+    steps = "the plain step" + (" and the Medusa step" if tree else "")
+    log(f"Timing eager against captured steps: compiling {steps} in {', '.join(map(dtype_name, dtypes))} once "
+        f"(about {3 * len(dtypes) // 2 + 1} min on 2 CPU cores; kept in {path})")
+    models = {dtype: model_in_dtype(model, dtype) for dtype in dtypes}
+    step_heads = {dtype: copy.deepcopy(heads).to(device=model.device, dtype=dtype) for dtype in dtypes} if tree else {}
 
     def runners(modes: tuple[str, ...]) -> dict:
         # a short context, so the timed graphs have the shapes of short prompts (the run that follows reuses
         # the kernels inductor built for them)
-        timed = {("plain", mode): step_runner(plain_model, ROUNDS + 1, context=GRAPH_CONTEXT,
-                                              captured=mode == "captured") for mode in modes}
-        if tree is not None:
-            timed |= {("step", mode): step_runner(model, ROUNDS + 1, tree, heads, GRAPH_CONTEXT, mode == "captured")
-                      for mode in modes}
+        timed = {}
+        for dtype, mode in ((dtype, mode) for dtype in dtypes for mode in modes):
+            timed[("plain", dtype, mode)] = step_runner(models[dtype], ROUNDS + 1, context=GRAPH_CONTEXT,
+                                                        captured=mode == "captured")
+            if tree is not None:
+                timed[("step", dtype, mode)] = step_runner(models[dtype], ROUNDS + 1, tree, step_heads[dtype],
+                                                           GRAPH_CONTEXT, mode == "captured")
         return timed
 
     try:
@@ -479,16 +505,18 @@ def graph_profile(model, plain_model, heads, tree: Tree | DynamicTree | None, lo
         reason = (str(error).strip().splitlines() or [type(error).__name__])[-1]
         log(f"A captured step failed on this machine, so both sides run eager ({reason[:200]})")
         ms = interleaved_ms(runners(("eager",)), ROUNDS, model.device)
-        ms |= {(side, "captured"): math.inf for side, _ in list(ms)}
-    profile = GraphProfile({mode: round(ms[("plain", mode)], 3) for mode in ("eager", "captured")},
-                           None if tree is None else {mode: round(ms[("step", mode)], 3) for mode in ("eager", "captured")})
-    if math.inf in profile.plain_ms.values():
+        ms |= {(side, dtype, "captured"): math.inf for side, dtype, _ in list(ms)}
+
+    def table(side: str) -> dict[torch.dtype, dict[str, float]]:
+        return {dtype: {mode: round(ms[(side, dtype, mode)], 3) for mode in ("eager", "captured")} for dtype in dtypes}
+
+    profile = GraphProfile(table("plain"), table("step") if tree is not None else None)
+    if math.inf in ms.values():
         return profile  # not kept: the next run tries capturing again (a fixed torch or compiler may build it)
     try:
         check_writable(path.parent, "the calibration cache")
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"key": key, "graph": {"plain_ms": profile.plain_ms,
-                                                             "step_ms": profile.step_ms}}, indent=1) + "\n")
+        write_atomic(path, json.dumps({"key": key, "graph": profile.to_dict()}, indent=1) + "\n")
     except (UserError, OSError) as error:
         log(f"not keeping the eager/captured timings: {error}")
     return profile

@@ -126,28 +126,38 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                          round(1 + expected, 4), round(speedup, 4))
 
 
+def _tree_words(tree: Tree | DynamicTree) -> str:
+    """"13-token dynamic tree (5 levels)", "7-token tree": a tree as the reasons name it."""
+    if not isinstance(tree, DynamicTree):
+        return f"{len(tree) + 1}-token tree"
+    return f"{len(tree) + 1}-token dynamic tree" + (f" ({tree.levels} levels)" if tree.levels else "")
+
+
+def _graph_words(dtype: torch.dtype, captured: bool) -> str:
+    return f"{dtype_name(dtype)} {'captured' if captured else 'eager'}"
+
+
 def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: bool = True) -> RuntimeChoice:
-    """`choice` with each side's step run captured where that was timed faster, and (`may_fall_back`: the tree
-    was chosen, not given) plain decoding instead of Medusa where the faster plain step leaves the tree
-    expected below MIN_EXPECTED_SPEEDUP."""
-    plain_compiled = graph.faster_captured(graph.plain_ms)
-    plain_ms = graph.plain_ms["captured" if plain_compiled else "eager"]
+    """`choice` with each side in the dtype and graph mode `graph` timed fastest, and (`may_fall_back`: the tree was
+    chosen, not given) plain decoding instead of Medusa where the faster plain step leaves the tree expected below
+    MIN_EXPECTED_SPEEDUP. The tree stays the one chosen from eager costs."""
+    plain_dtype, plain_compiled, plain_ms = graph.fastest(graph.plain_ms)
+    plain = f"{_graph_words(plain_dtype, plain_compiled)} plain {plain_ms:.1f} ms"
     if choice.tree is None or graph.step_ms is None:
-        return replace(choice, compiled=plain_compiled, plain_compiled=plain_compiled)
-    compiled = graph.faster_captured(graph.step_ms)
-    step_ms = graph.step_ms["captured" if compiled else "eager"]
-    mode = f"{'captured' if compiled else 'eager'} {step_ms:.1f} ms step vs {'captured' if plain_compiled else 'eager'} " \
-           f"plain {plain_ms:.1f} ms"
+        return replace(choice, dtype=plain_dtype, plain_dtype=plain_dtype, compiled=plain_compiled,
+                       plain_compiled=plain_compiled, reason=f"{choice.reason}; fastest here: {plain}")
+    dtype, compiled, step_ms = graph.fastest(graph.step_ms)
+    mode = f"{_graph_words(dtype, compiled)} {step_ms:.1f} ms step vs {plain}"
+    chosen = replace(choice, dtype=dtype, plain_dtype=plain_dtype, compiled=compiled, plain_compiled=plain_compiled)
     if choice.expected_tokens_per_step is None:
-        return replace(choice, compiled=compiled, plain_compiled=plain_compiled, reason=f"{choice.reason}; {mode}")
+        return replace(chosen, reason=f"{choice.reason}; {mode}")
     speedup = choice.expected_tokens_per_step * plain_ms / step_ms
     if may_fall_back and speedup < MIN_EXPECTED_SPEEDUP:
-        return replace(choice, dtype=choice.plain_dtype, tree=None, compiled=plain_compiled,
-                       plain_compiled=plain_compiled, expected_tokens_per_step=1.0, expected_speedup=1.0,
-                       reason=f"plain decoding in {dtype_name(choice.plain_dtype)}: the {choice.tree_tokens}-token tree "
-                              f"is expected at only {speedup:.2f}x ({mode})")
-    return replace(choice, compiled=compiled, plain_compiled=plain_compiled, expected_speedup=round(speedup, 4),
-                   reason=f"{choice.reason.split(': expected')[0]}: expected {speedup:.2f}x "
+        return replace(chosen, dtype=plain_dtype, tree=None, compiled=plain_compiled, expected_tokens_per_step=1.0,
+                       expected_speedup=1.0, reason=f"plain decoding in {dtype_name(plain_dtype)}: the "
+                       f"{choice.tree_tokens}-token tree is expected at only {speedup:.2f}x ({mode})")
+    return replace(chosen, expected_speedup=round(speedup, 4),
+                   reason=f"{dtype_name(dtype)}, {_tree_words(choice.tree)}: expected {speedup:.2f}x "
                           f"({choice.expected_tokens_per_step:.2f} tokens per {mode})")
 
 
@@ -187,8 +197,9 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
     if choice.compiled:
         if graph is None or graph.step_ms is None:
             return choice
-        captured_plain = profile.plain_ms[dtype] * graph.plain_ms["captured"] / graph.plain_ms["eager"]
-        return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step, graph.step_ms["captured"]),
+        captured_plain = profile.plain_ms[dtype] * graph.plain_ms[dtype]["captured"] / graph.plain_ms[dtype]["eager"]
+        return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step,
+                                                   graph.step_ms[dtype]["captured"]),
                                         StepOption(None, 1.0, captured_plain)), options_timed=True)
     chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
     like = choice.tree if isinstance(choice.tree, DynamicTree) else None

@@ -250,3 +250,24 @@ def test_plain_decoding_runs_in_the_dtype_its_eager_and_captured_timings_found_f
     assert timed == [BF16, FP32] and "plain decoding in fp32" in err and "Graph mode: eager steps" in err
     assert generate.main(argv + ["--compile", "off"]) == 0
     assert "plain decoding in bf16" in capsys.readouterr().err
+
+
+# Plain steps timed eager and captured (ms) on each machine class, as the benchmark or `graph_profile` measured them
+PLAIN_STEPS = {
+    # 2-core Intel Xeon with AMX: the benchmark's 34.34 / 64.48 tok/s in bf16, 30.92 / 39.78 in fp32
+    "native bf16 with AMX": ({BF16: pairs(29.1, 15.5), FP32: pairs(32.3, 25.1)}, BF16),
+    # 2-core AMD EPYC with AVX512-BF16 and no AMX, `graph_profile` with the demo heads
+    "native bf16 without AMX": ({BF16: pairs(22.96, 22.47), FP32: pairs(45.99, 17.85)}, FP32),
+    # the same EPYC limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2), `graph_profile`
+    "AVX2 only": ({BF16: pairs(23.34, 18.48), FP32: pairs(51.45, 20.41)}, BF16),
+}
+
+
+@pytest.mark.parametrize("machine", PLAIN_STEPS)
+def test_plain_decoding_runs_captured_in_the_dtype_each_machine_class_timed_fastest(machine):
+    plain_ms, fastest = PLAIN_STEPS[machine]
+    eager = AVX2 if machine == "AVX2 only" else NATIVE_BF16
+    choice = choose_runtime(eager, 3, demo_accuracy())
+    assert (choice.tree is None) == (machine == "AVX2 only")  # an AVX2-only CPU falls back to plain decoding
+    plain = with_graph_mode(replace(choice, tree=None), GraphProfile(plain_ms, None))
+    assert (plain.dtype, plain.plain_dtype, plain.compiled, plain.plain_compiled) == (fastest, fastest, True, True)

@@ -70,6 +70,13 @@ def dynamic_like(fixed: Tree) -> DynamicTree:
     return DynamicTree(len(fixed), levels=max(map(len, fixed)))
 
 
+def _tree_words(tree: Tree | DynamicTree) -> str:
+    """"13-token dynamic tree (5 levels)", "7-token tree": a tree as the reasons name it."""
+    if not isinstance(tree, DynamicTree):
+        return f"{len(tree) + 1}-token tree"
+    return f"{len(tree) + 1}-token dynamic tree" + (f" ({tree.levels} levels)" if tree.levels else "")
+
+
 def fastest_plain_dtype(profile: StepProfile, dtypes: list[torch.dtype] | None = None) -> torch.dtype:
     return min(dtypes or profile.plain_ms, key=lambda d: profile.plain_ms[d])
 
@@ -115,22 +122,12 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
                              f"plain decoding in {dtype_name(plain_dtype)}: the best tree here ({len(best_nodes) + 1} "
                              f"tokens in {dtype_name(best_dtype)}) is expected at only {speedup:.2f}x ({estimate})",
                              1.0, 1.0)
-    kind = "tree"
     if dynamic and tree is None and (like := dynamic_like(best_nodes)).fits(num_heads):
-        best_nodes, kind, estimate = like, f"dynamic tree ({like.levels} levels)", f"at least {estimate}"
-    elif isinstance(best_nodes, DynamicTree):
-        kind = "dynamic tree"
+        best_nodes, estimate = like, f"at least {estimate}"
     return RuntimeChoice(best_dtype, best_nodes, plain_dtype,
-                         f"{dtype_name(best_dtype)}{_cpu_note(profile, best_dtype)}, {len(best_nodes) + 1}-token {kind}: "
+                         f"{dtype_name(best_dtype)}{_cpu_note(profile, best_dtype)}, {_tree_words(best_nodes)}: "
                          f"expected {speedup:.2f}x ({estimate})",
                          round(1 + expected, 4), round(speedup, 4))
-
-
-def _tree_words(tree: Tree | DynamicTree) -> str:
-    """"13-token dynamic tree (5 levels)", "7-token tree": a tree as the reasons name it."""
-    if not isinstance(tree, DynamicTree):
-        return f"{len(tree) + 1}-token tree"
-    return f"{len(tree) + 1}-token dynamic tree" + (f" ({tree.levels} levels)" if tree.levels else "")
 
 
 def _graph_words(dtype: torch.dtype, captured: bool) -> str:

@@ -100,7 +100,31 @@ def test_a_graph_break_in_a_step_is_an_error_not_a_silent_eager_fallback():
         return x + 1
 
     with pytest.raises(torch._dynamo.exc.Unsupported):
-        graph_mode.capture(step, torch.device("cpu"))(torch.ones(2))
+        graph_mode.capture(step, torch.device("cpu"), torch.float32)(torch.ones(2))
+
+
+@pytest.mark.parametrize("native_bf16, amx, dtype, backends", [
+    (True, False, torch.bfloat16, "ATEN"),  # AVX512-BF16 without AMX (an AMD EPYC): oneDNN's GEMMs only
+    (True, True, torch.bfloat16, "CPP,ATEN"),  # AMX: inductor's tile kernel competes
+    (False, False, torch.bfloat16, "CPP,ATEN"),  # AVX2 only: oneDNN has no bf16 kernel for a tree step
+    (True, False, torch.float32, "CPP,ATEN"),
+])
+def test_a_captured_cpu_step_autotunes_its_gemms_among_the_kernels_fast_for_its_dtype_and_cpu(
+        monkeypatch, native_bf16, amx, dtype, backends):
+    monkeypatch.setattr(graph_mode, "native_bf16_cpu", lambda: native_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    seen = {}
+
+    def compile(step, **options):  # records the inductor configuration a captured call compiles under
+        def compiled(*args):
+            seen["backends"] = torch._inductor.config.max_autotune_gemm_backends
+            seen["freezing"] = torch._inductor.config.freezing
+            return step(*args)
+        return compiled
+
+    monkeypatch.setattr(graph_mode.torch, "compile", compile)
+    assert graph_mode.capture(lambda x: x * 2, torch.device("cpu"), dtype)(torch.ones(1)).tolist() == [2.0]
+    assert seen == {"backends": backends, "freezing": True}
 
 
 def test_ascend_graph_mode_uses_torchair_and_without_it_says_so(monkeypatch):
@@ -118,12 +142,12 @@ def test_ascend_graph_mode_uses_torchair_and_without_it_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchair.configs", types.ModuleType("torchair.configs"))
     monkeypatch.setitem(sys.modules, "torchair.configs.compiler_config", config_module)
     npu = types.SimpleNamespace(type="npu")  # torch.device("npu") exists only with torch_npu
-    step = graph_mode.capture(lambda x: x * 2, npu)
+    step = graph_mode.capture(lambda x: x * 2, npu, torch.float32)
     assert seen["config"].experimental_config.frozen_parameter is True
     assert step(torch.ones(2)).tolist() == [2.0, 2.0]
     monkeypatch.setitem(sys.modules, "torchair", None)
     with pytest.raises(ValueError, match="needs torchair"):
-        graph_mode.capture(lambda x: x, npu)
+        graph_mode.capture(lambda x: x, npu, torch.float32)
 
 
 def test_compiled_code_is_kept_under_the_home_unless_the_user_chose_a_directory(tmp_path, monkeypatch):

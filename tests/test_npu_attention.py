@@ -1,5 +1,6 @@
 """The NPU fused-attention path, run on CPU through a fake `torch_npu` kernel with the real semantics."""
 
+import copy
 import sys
 import types
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from inference.engine.decoding import DecodeRequest
+from inference.engine.forward import float32_attention, masked_attention
 from inference.engine.medusa_decoding import MedusaDecoder
 from inference.engine.npu_attention import attention_for, npu_fused_attention
 from inference.engine.plain_decoding import PlainDecoder
@@ -40,8 +42,18 @@ def fused_kernel_calls(monkeypatch):
 
 def test_npu_devices_attend_through_the_fused_kernel():
     npu = types.SimpleNamespace(type="npu")  # torch.device("npu") exists only with torch_npu
-    assert attention_for(npu) is npu_fused_attention
-    assert attention_for(torch.device("cpu")) is not npu_fused_attention
+    assert attention_for(npu, torch.bfloat16) is npu_fused_attention
+    assert attention_for(torch.device("cpu"), torch.bfloat16) is not npu_fused_attention
+
+
+@pytest.mark.parametrize("amx, dtype, expected", [(False, torch.bfloat16, float32_attention),
+                                                  (True, torch.bfloat16, masked_attention),
+                                                  (False, torch.float32, masked_attention)])
+def test_bf16_steps_attend_in_float32_on_cpus_without_amx(monkeypatch, tiny_pangu, amx, dtype, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    model = copy.deepcopy(tiny_pangu[1]).to(dtype)
+    assert PlainDecoder(model).attention is expected
+    assert MedusaDecoder(model, random_heads(model).to(dtype)).attention is expected
 
 
 def test_plain_decoding_through_the_fused_kernel_equals_hf_greedy(fused_kernel_calls, tiny_pangu):

@@ -147,6 +147,13 @@ def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
                                           attn_mask=visible, scale=scale, enable_gqa=True)[0]
 
 
+def float32_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """`masked_attention` of 16-bit inputs computed in float32, for CPUs where ATen's bf16 flash kernel is the
+    slow one: widening the queries and the whole cache costs less than that kernel saves (docs/engine.md)."""
+    return masked_attention(query.float(), keys.float(), values.float(), visible, scale).to(query.dtype)
+
+
 def prompt_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of a prompt over its own keys (the cache was empty): SDPA's memory-efficient kernel."""
     return F.scaled_dot_product_attention(query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch._dynamo.utils import counters
 
+from inference.engine.cpu_linear import native_bf16_cpu
 from inference.engine.decoding import DecodeStats
 
 # Graphs this process may hold per step function: plain and Medusa steps over a few capacities, trees and
@@ -23,6 +24,17 @@ RECOMPILE_LIMIT = 64
 CPU_GRAPH_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True,
                      "max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN",
                      "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
+def cpu_graph_options(dtype: torch.dtype) -> dict:
+    """How inductor compiles a CPU step in `dtype`. A bf16 step on a CPU with AVX512-BF16 but no AMX takes
+    oneDNN's GEMMs only: there inductor's own bf16 GEMM widens every weight to float32 in its inner loop and
+    read the demo model's weights at 19 GB/s in a step, oneDNN's at 29, yet autotuning, which times each GEMM
+    alone, chose inductor's (a plain step 20 ms against 14-15; docs/performance.md). With AMX, inductor's
+    kernel uses the tiles; without native bf16 (AVX2), oneDNN's bf16 tree step fell to 663 ms."""
+    if dtype is torch.bfloat16 and native_bf16_cpu() and not torch.cpu._is_amx_tile_supported():
+        return {**CPU_GRAPH_OPTIONS, "max_autotune_gemm_backends": "ATEN"}
+    return CPU_GRAPH_OPTIONS
 
 
 def npu_backend():
@@ -49,14 +61,15 @@ def own_code(step: Callable) -> Callable:
     return types.MethodType(copy, step.__self__) if hasattr(step, "__self__") else copy
 
 
-def capture(step: Callable, device: torch.device) -> Callable:
-    """`step` compiled into one static graph for `device`'s backend."""
+def capture(step: Callable, device: torch.device, dtype: torch.dtype) -> Callable:
+    """`step` compiled into one static graph for `device`'s backend, its weights in `dtype`."""
     step = own_code(step)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
                                                            4 * RECOMPILE_LIMIT)
     if device.type == "cpu":
         compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        options = cpu_graph_options(dtype)
         # the GEMM timing's own deprecation warning, once per compile; set here, not around every step
         warnings.filterwarnings("ignore", "TypedStorage is deprecated", module=r"torch\._inductor\.select_algorithm")
 
@@ -66,7 +79,7 @@ def capture(step: Callable, device: torch.device) -> Callable:
             # kernel against oneDNN's, keeping the faster: a oneDNN call costs ~40 us beyond reading its weights,
             # a quarter of the demo model's step on an AMX Xeon. Inductor reads these when it compiles, which
             # happens inside a call (passed as `options` they are not seen).
-            with torch._inductor.config.patch(CPU_GRAPH_OPTIONS):
+            with torch._inductor.config.patch(options):
                 return compiled(*args)
 
         return frozen
@@ -95,10 +108,10 @@ class CapturedStep:
     whose guards fail) says so (`log`) and adds its seconds to the request's `compile_seconds`, which rates
     leave out; so a recompile is never hidden in the decoding speed."""
 
-    def __init__(self, step: Callable, device: torch.device, captured: bool, name: str,
+    def __init__(self, step: Callable, device: torch.device, dtype: torch.dtype, captured: bool, name: str,
                  log: Callable[[str], None] | None = None):
         self.name, self.captured, self.log = name, captured, log
-        self.run = capture(step, device) if captured else step
+        self.run = capture(step, device, dtype) if captured else step
         self.compiled: set[tuple] = set()
 
     def __call__(self, key: tuple, label: str, stats: DecodeStats, *args):

@@ -234,10 +234,11 @@ class MedusaDecoder:
             raise ValueError("vocabularies above 2**24 tokens are not supported")
         self.base_model = base_model
         self.heads = use_packed_bf16_linears(heads)
-        self.attention = attention or attention_for(base_model.device)
+        self.attention = attention or attention_for(base_model.device, base_model.dtype)
         self.cache = CacheSlot(base_model)
-        self.step = CapturedStep(self._step, base_model.device, compile, "Medusa", log)
-        self.plain_step = CapturedStep(self._plain_step, base_model.device, compile, "plain", log)
+        self.step = CapturedStep(self._step, base_model.device, base_model.dtype, compile, "Medusa", log)
+        self.plain_step = CapturedStep(self._plain_step, base_model.device, base_model.dtype, compile, "plain",
+                                       log)
         self.step_clock = NO_CLOCK  # what the steps mark their phases on: a decode's clock when eager
         self._buffers: dict[tuple, TreeBuffers] = {}
         self._drafters: dict[tuple, Drafter] = {}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from inference.engine.forward import masked_attention
+from inference.engine.forward import float32_attention, masked_attention
 
 
 def npu_fused_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
@@ -29,6 +29,11 @@ def npu_fused_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.T
     return output[0]
 
 
-def attention_for(device: torch.device) -> Callable:
-    """The masked attention a step on `device` runs: the fused kernel on Ascend, SDPA elsewhere."""
-    return npu_fused_attention if device.type == "npu" else masked_attention
+def attention_for(device: torch.device, dtype: torch.dtype) -> Callable:
+    """The masked attention a step on `device` in `dtype` runs: the fused kernel on Ascend; SDPA elsewhere, in
+    float32 for a bf16 step on a CPU without AMX (where it was measured faster; AMX was not measured)."""
+    if device.type == "npu":
+        return npu_fused_attention
+    if device.type == "cpu" and dtype is torch.bfloat16 and not torch.cpu._is_amx_tile_supported():
+        return float32_attention
+    return masked_attention

@@ -32,9 +32,9 @@ class PlainDecoder:
                  log: Callable[[str], None] | None = None):
         check_supported(model)
         self.model = model
-        self.attention = attention or attention_for(model.device)
+        self.attention = attention or attention_for(model.device, model.dtype)
         self.cache = CacheSlot(model)
-        self.step = CapturedStep(self._step, model.device, compile, "plain", log)
+        self.step = CapturedStep(self._step, model.device, model.dtype, compile, "plain", log)
         self.step_clock = NO_CLOCK  # what the step marks its phases on: a decode's clock when eager
 
     def _step(self, cache: StaticCache, token: torch.Tensor, length: torch.Tensor, race: torch.Tensor | None,

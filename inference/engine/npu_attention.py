@@ -31,7 +31,8 @@ def npu_fused_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.T
 
 def attention_for(device: torch.device, dtype: torch.dtype) -> Callable:
     """The masked attention a step on `device` in `dtype` runs: the fused kernel on Ascend; SDPA elsewhere, in
-    float32 for a bf16 step on a CPU without AMX (where it was measured faster; AMX was not measured)."""
+    float32 for a bf16 step on a CPU without AMX, where ATen's bf16 flash kernel is the slow one (an AMX Xeon's
+    was not; docs/engine.md)."""
     if device.type == "npu":
         return npu_fused_attention
     if device.type == "cpu" and dtype is torch.bfloat16 and not torch.cpu._is_amx_tile_supported():

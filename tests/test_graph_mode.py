@@ -112,7 +112,7 @@ def test_a_graph_break_in_a_step_is_an_error_not_a_silent_eager_fallback():
 def test_a_captured_cpu_step_autotunes_its_gemms_among_the_kernels_fast_for_its_dtype_and_cpu(
         monkeypatch, native_bf16, amx, dtype, backends):
     monkeypatch.setattr(graph_mode, "native_bf16_cpu", lambda: native_bf16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(graph_mode, "amx_cpu", lambda: amx)
     seen = {}
 
     def compile(step, **options):  # records the inductor configuration a captured call compiles under

@@ -10,6 +10,7 @@ import torch
 from inference.engine.decoding import DecodeRequest
 from inference.engine.forward import float32_attention, masked_attention
 from inference.engine.medusa_decoding import MedusaDecoder
+from inference.engine import npu_attention
 from inference.engine.npu_attention import attention_for, npu_fused_attention
 from inference.engine.plain_decoding import PlainDecoder
 from medusa_choices import load_tree
@@ -50,7 +51,7 @@ def test_npu_devices_attend_through_the_fused_kernel():
                                                   (True, torch.bfloat16, masked_attention),
                                                   (False, torch.float32, masked_attention)])
 def test_bf16_steps_attend_in_float32_on_cpus_without_amx(monkeypatch, tiny_pangu, amx, dtype, expected):
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(npu_attention, "amx_cpu", lambda: amx)
     model = copy.deepcopy(tiny_pangu[1]).to(dtype)
     assert PlainDecoder(model).attention is expected
     assert MedusaDecoder(model, random_heads(model).to(dtype)).attention is expected

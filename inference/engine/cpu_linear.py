@@ -38,6 +38,12 @@ def native_bf16_cpu() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def amx_cpu() -> bool:
+    """Whether this CPU has AMX tiles: there inductor's bf16 GEMMs and ATen's bf16 flash attention are fast, where
+    on a CPU with AVX512-BF16 alone both are slower than their alternatives (docs/engine.md)."""
+    return torch.cpu._is_amx_tile_supported()
+
+
 def packing_supported() -> bool:
     """Whether oneDNN can run bf16 linears on packed weights here: without native bf16 it gains nothing."""
     return torch.backends.mkldnn.is_available() and native_bf16_cpu()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch._dynamo.utils import counters
 
-from inference.engine.cpu_linear import native_bf16_cpu
+from inference.engine.cpu_linear import amx_cpu, native_bf16_cpu
 from inference.engine.decoding import DecodeStats
 
 # Graphs this process may hold per step function: plain and Medusa steps over a few capacities, trees and
@@ -32,7 +32,7 @@ def cpu_graph_options(dtype: torch.dtype) -> dict:
     read the demo model's weights at 19 GB/s in a step, oneDNN's at 29, yet autotuning, which times each GEMM
     alone, chose inductor's (a plain step 20 ms against 14-15; docs/performance.md). With AMX, inductor's
     kernel uses the tiles; without native bf16 (AVX2), oneDNN's bf16 tree step fell to 663 ms."""
-    if dtype is torch.bfloat16 and native_bf16_cpu() and not torch.cpu._is_amx_tile_supported():
+    if dtype is torch.bfloat16 and native_bf16_cpu() and not amx_cpu():
         return {**CPU_GRAPH_OPTIONS, "max_autotune_gemm_backends": "ATEN"}
     return CPU_GRAPH_OPTIONS
 

@@ -3,12 +3,14 @@
 `torch_npu.npu_fused_infer_attention_score` runs single-token decoding and Medusa tree verification in one
 kernel with GQA, in eager and in torchair's graph mode. Its mask is inverted relative to the engine's
 (True = masked out). `torch_npu` is imported only when the kernel runs, so nothing here needs it elsewhere.
+`attention_for` picks each device's attention, this kernel's or SDPA's.
 """
 
 from collections.abc import Callable
 
 import torch
 
+from inference.engine.cpu_linear import amx_cpu
 from inference.engine.forward import float32_attention, masked_attention
 
 
@@ -35,6 +37,6 @@ def attention_for(device: torch.device, dtype: torch.dtype) -> Callable:
     was not; docs/engine.md)."""
     if device.type == "npu":
         return npu_fused_attention
-    if device.type == "cpu" and dtype is torch.bfloat16 and not torch.cpu._is_amx_tile_supported():
+    if device.type == "cpu" and dtype is torch.bfloat16 and not amx_cpu():
         return float32_attention
     return masked_attention

@@ -50,11 +50,13 @@ def test_npu_devices_attend_through_the_fused_kernel():
 @pytest.mark.parametrize("amx, dtype, expected", [(False, torch.bfloat16, float32_attention),
                                                   (True, torch.bfloat16, masked_attention),
                                                   (False, torch.float32, masked_attention)])
-def test_bf16_steps_attend_in_float32_on_cpus_without_amx(monkeypatch, tiny_pangu, amx, dtype, expected):
+def test_bf16_steps_attend_in_float32_over_a_float32_cache_on_cpus_without_amx(monkeypatch, tiny_pangu, amx, dtype, expected):
     monkeypatch.setattr(npu_attention, "amx_cpu", lambda: amx)
     model = copy.deepcopy(tiny_pangu[1]).to(dtype)
-    assert PlainDecoder(model).attention is expected
-    assert MedusaDecoder(model, random_heads(model).to(dtype)).attention is expected
+    cache_dtype = torch.float32 if expected is float32_attention else dtype  # widened once, when written
+    for decoder in (PlainDecoder(model), MedusaDecoder(model, random_heads(model).to(dtype))):
+        assert decoder.attention is expected
+        assert {t.dtype for t in decoder.cache.get(8).keys + decoder.cache.get(8).values} == {cache_dtype}
 
 
 def test_plain_decoding_through_the_fused_kernel_equals_hf_greedy(fused_kernel_calls, tiny_pangu):

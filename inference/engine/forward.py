@@ -81,17 +81,18 @@ class StaticCache:
             tensor[:, targets] = tensor[:, sources]
 
 
-def new_cache(model: nn.Module, capacity: int) -> StaticCache:
+def new_cache(model: nn.Module, capacity: int, dtype: torch.dtype | None = None) -> StaticCache:
+    """An empty cache of `capacity` slots holding keys and values in `dtype` (default: the model's)."""
     config, weight = model.config, model.lm_head.weight
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     shape = (config.num_key_value_heads, capacity, head_dim)
 
     def zeros():
-        return torch.zeros(shape, device=weight.device, dtype=weight.dtype)
+        return torch.zeros(shape, device=weight.device, dtype=dtype or weight.dtype)
 
     positions = torch.arange(capacity, device=weight.device).unsqueeze(0)
-    cos, sin = model.model.rotary_emb(zeros(), positions)
+    cos, sin = model.model.rotary_emb(torch.zeros(shape, device=weight.device, dtype=weight.dtype), positions)
     layers = range(config.num_hidden_layers)
     return StaticCache(tuple(zeros() for _ in layers), tuple(zeros() for _ in layers), cos[0], sin[0])
 
@@ -99,14 +100,14 @@ def new_cache(model: nn.Module, capacity: int) -> StaticCache:
 class CacheSlot:
     """The cache of the latest capacity, kept between requests: a captured graph reads it at a fixed address."""
 
-    def __init__(self, model: nn.Module):
-        self.model, self.cache = model, None
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None):
+        self.model, self.dtype, self.cache = model, dtype, None
 
     def get(self, tokens: int) -> StaticCache:
         capacity = capacity_bucket(tokens)
         if self.cache is None or self.cache.capacity != capacity:
             self.cache = None  # freed before the next one is allocated
-            self.cache = new_cache(self.model, capacity)
+            self.cache = new_cache(self.model, capacity, self.dtype)
             keep_addresses(*self.cache.keys, *self.cache.values)
         return self.cache
 
@@ -149,9 +150,16 @@ def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
 def float32_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """`masked_attention` of 16-bit inputs computed in float32, for CPUs where ATen's bf16 flash kernel is the
-    slow one: widening the queries and the whole cache costs less than that kernel saves (docs/engine.md)."""
+    """`masked_attention` of 16-bit queries computed in float32 over a float32 cache (`cache_dtype`), for CPUs where
+    ATen's bf16 flash kernel is the slow one (docs/engine.md)."""
     return masked_attention(query.float(), keys.float(), values.float(), visible, scale).to(query.dtype)
+
+
+def cache_dtype(attention, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a step in `dtype` keeps its keys and values in: float32 where `attention` computes in float32, so
+    each key is widened once, when written (exactly: 16-bit floats are float32 values), rather than the whole cache
+    at every layer of every step."""
+    return torch.float32 if attention is float32_attention else dtype
 
 
 def prompt_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
@@ -192,10 +200,11 @@ def forward(model: nn.Module, cache: StaticCache, tokens: torch.Tensor, position
         query = attn.q_proj(x).view(size, heads, head_dim).transpose(0, 1)
         key = attn.k_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
         query, key = rotary(query, cos, sin), rotary(key, cos, sin)
-        keys[:, slots] = key
-        values[:, slots] = attn.v_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
-        if visible is None:
-            out = prompt_attention(query, keys[:, :size], values[:, :size], scale)
+        value = attn.v_proj(x).view(size, kv_heads, head_dim).transpose(0, 1)
+        keys[:, slots] = key.to(keys.dtype)
+        values[:, slots] = value.to(values.dtype)
+        if visible is None:  # the prompt: its own keys are the cache's first `size` slots
+            out = prompt_attention(query, key, value, scale)
         else:
             out = attention(query, keys, values, visible, scale)
         hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(size, heads * head_dim))

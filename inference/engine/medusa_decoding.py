@@ -30,7 +30,8 @@ from inference.engine.draft import Carry, Draft, Verified
 from inference.engine.dynamic_tree import (Candidates, draft_dynamic_tree, expected_tokens, lookup_chain, score_candidates,
                                           select_nodes)
 from inference.engine.feature_drafting import FeatureCacheSlot, FeatureTreeDrafter
-from inference.engine.forward import CacheSlot, StaticCache, check_supported, forward, prefill, visible_mask
+from inference.engine.forward import (CacheSlot, StaticCache, cache_dtype, check_supported, forward, prefill,
+                                      visible_mask)
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
 from inference.engine.phases import ACCEPTANCE, CAPTURED, DRAFTING, FORWARD, HOST, NO_CLOCK
@@ -235,7 +236,7 @@ class MedusaDecoder:
         self.base_model = base_model
         self.heads = use_packed_bf16_linears(heads)
         self.attention = attention or attention_for(base_model.device, base_model.dtype)
-        self.cache = CacheSlot(base_model)
+        self.cache = CacheSlot(base_model, cache_dtype(self.attention, base_model.dtype))
         self.step = CapturedStep(self._step, base_model.device, base_model.dtype, compile, "Medusa", log)
         self.plain_step = CapturedStep(self._plain_step, base_model.device, base_model.dtype, compile, "plain",
                                        log)

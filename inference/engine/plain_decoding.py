@@ -6,8 +6,8 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.decoding import DecodeRequest, DecodeStats, StepEmitter, check_request
-from inference.engine.forward import (BaseStates, CacheSlot, StaticCache, check_supported, forward, prefill,
-                                      visible_mask)
+from inference.engine.forward import (BaseStates, CacheSlot, StaticCache, cache_dtype, check_supported, forward,
+                                      prefill, visible_mask)
 from inference.engine.graph_mode import CapturedStep
 from inference.engine.npu_attention import attention_for
 from inference.engine.phases import CAPTURED, FORWARD, HOST, NO_CLOCK
@@ -33,7 +33,7 @@ class PlainDecoder:
         check_supported(model)
         self.model = model
         self.attention = attention or attention_for(model.device, model.dtype)
-        self.cache = CacheSlot(model)
+        self.cache = CacheSlot(model, cache_dtype(self.attention, model.dtype))
         self.step = CapturedStep(self._step, model.device, model.dtype, compile, "plain", log)
         self.step_clock = NO_CLOCK  # what the step marks its phases on: a decode's clock when eager
 

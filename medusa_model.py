@@ -34,8 +34,8 @@ from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.runtime.runtime_choice import (RuntimeChoice, choose_runtime, redecided, with_graph_mode,
-                                             with_step_options)
+from inference.runtime.runtime_choice import (RuntimeChoice, captured_alternatives, choose_runtime, redecided,
+                                             with_graph_mode, with_step_options)
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -134,22 +134,25 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
     accuracy = heads.config.medusa_head_accuracy
     profile = step_profile(model, heads, None if dtype is None else [dtype], log)
     choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification)
-    choice, graph = captured_where_faster(choice, model, heads, tree, list(profile.plain_ms), log, compile)
+    alternatives = captured_alternatives(choice, profile, accuracy, heads.num_heads) if tree is None else ()
+    choice, graph = captured_where_faster(choice, model, heads, tree, list(profile.plain_ms), log, compile,
+                                          alternatives)
     return with_step_options(choice, profile, accuracy, heads.num_heads, tree_given=tree is not None, graph=graph)
 
 
 def captured_where_faster(choice: RuntimeChoice, model: nn.Module, heads: MedusaHeads, tree: Tree | DynamicTree | None,
-                          dtypes: list[torch.dtype], log: Callable[[str], None],
-                          compile: str) -> tuple[RuntimeChoice, GraphProfile | None]:
+                          dtypes: list[torch.dtype], log: Callable[[str], None], compile: str,
+                          alternatives: tuple[StepOption, ...] = ()) -> tuple[RuntimeChoice, GraphProfile | None]:
     """`choice` with each side captured as `compile` says (auto: in the dtype of `dtypes` and the graph mode timed
-    fastest), and the eager against captured timings that decided it (auto only)."""
+    fastest, and the tree among the chosen one and `alternatives` expected to give the most tokens per captured ms),
+    and the eager against captured timings that decided it (auto only)."""
     if compile != "off":
         use_compile_cache()
     if compile == "on":
         return replace(choice, compiled=True, plain_compiled=True), None
     if compile == "auto":
-        graph = graph_profile(model, heads, choice.tree, dtypes, log)
-        return with_graph_mode(choice, graph, may_fall_back=tree is None), graph
+        graph = graph_profile(model, heads, choice.tree, dtypes, log, tuple(option.tree for option in alternatives))
+        return with_graph_mode(choice, graph, may_fall_back=tree is None, alternatives=alternatives), graph
     return choice, None
 
 

@@ -438,3 +438,34 @@ def test_eager_and_captured_steps_are_timed_in_every_dtype_once_and_then_read_fr
     alone = calibration.graph_profile(model, None, None, [FP32], log=notices.append)
     assert alone.step_ms is None and set(alone.plain_ms) == {FP32} and set(runs) == {("plain", FP32, False),
                                                                                   ("plain", FP32, True)}
+
+
+def test_captured_steps_of_other_tree_sizes_are_timed_in_the_fastest_dtype_once_and_then_read_from_the_cache(
+        tiny_pangu, quick_calibration, monkeypatch):
+    """Tree sizes are compared captured in the one dtype whose captured step was fastest, a few steps per round."""
+    model = tiny_pangu[1]
+    runs = []
+
+    def recorded(model, calls, tree=None, heads=None, context=calibration.CONTEXT, captured=False):
+        tokens = 1 if tree is None else len(tree) + 1
+        runs.append((tokens, model.dtype, captured))
+        seconds = {(FP32, True): 0.004, (BF16, True): 0.008}.get((model.dtype, captured), 0.006) / (1 + (tokens == 5))
+        return lambda: time.sleep(seconds)
+
+    monkeypatch.setattr(calibration, "step_runner", recorded)
+    heads = random_heads(model, num_heads=2, head_input="hidden_and_path")
+    notices = []
+    alternatives = (DynamicTree(1), DynamicTree(4))
+    graph = calibration.graph_profile(model, heads, DynamicTree(2), [BF16, FP32], notices.append, alternatives)
+    assert "2 more tree sizes captured" in notices[0]
+    assert {(tokens, dtype, captured) for tokens, dtype, captured in runs if tokens in (2, 5)} == {(2, FP32, True),
+                                                                                            (5, FP32, True)}
+    assert set(graph.sizes_ms) == {2, 3, 5} and graph.sizes_ms[5] < 4.0 <= graph.sizes_ms[3]  # ms per step
+    runs.clear()
+    assert calibration.graph_profile(model, heads, DynamicTree(2), [BF16, FP32], notices.append, alternatives) == graph
+    assert runs == [] and len(notices) == 1
+    # without alternatives, or where eager steps are the fastest, no other size is timed
+    assert calibration.graph_profile(model, heads, DynamicTree(2), [BF16, FP32], notices.append).sizes_ms == {}
+    runs.clear()
+    assert calibration.graph_profile(model, heads, DynamicTree(2), [BF16], notices.append, alternatives).sizes_ms == {}
+    assert {tokens for tokens, _, _ in runs} == {1, 3}

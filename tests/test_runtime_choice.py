@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from inference.runtime.calibration import GraphProfile, StepProfile
-from inference.runtime.runtime_choice import (MIN_EXPECTED_SPEEDUP, choose_runtime, redecided, with_graph_mode,
-                                              with_step_options)
+from inference.runtime.runtime_choice import (MIN_EXPECTED_SPEEDUP, captured_alternatives, choose_runtime, redecided,
+                                              with_graph_mode, with_step_options)
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
 
@@ -186,6 +186,48 @@ def test_each_side_takes_the_dtype_and_graph_mode_timed_fastest_even_against_the
     options = with_step_options(captured, NATIVE_BF16, committed_accuracy(COMMITTED[1][0]), 6, False, EPYC_GRAPH).options
     assert [(o.tokens, o.profile_ms) for o in options] == [(choice.tree_tokens, 19.0),
                                                            (1, pytest.approx(NATIVE_BF16.plain_ms[FP32] * 16.0 / 46.1))]
+
+
+def test_a_captured_tree_is_the_size_whose_captured_step_gives_the_most_tokens_per_ms():
+    """Eager costs choose the tree; captured steps of sizes two timed sizes below and above it are timed against it,
+    and the one expected to give the most tokens per captured ms runs."""
+    accuracy = demo_accuracy()
+    choice = choose_runtime(NATIVE_BF16, 5, accuracy, dynamic=True)
+    alternatives = captured_alternatives(choice, NATIVE_BF16, accuracy, 5)
+    position = SIZES.index(choice.tree_tokens)
+    assert [o.tokens for o in alternatives] == [SIZES[position - 2], SIZES[position + 2]]
+    assert all(isinstance(o.tree, DynamicTree) and o.expected_tokens == 1 + best_tree(accuracy, o.tokens - 1)[1]
+               for o in alternatives)
+    smaller, larger = alternatives
+    plain = {BF16: pairs(37.6, 20.0), FP32: pairs(54.4, 30.0)}
+    steps = {BF16: pairs(44.5, 24.0), FP32: pairs(80.0, 40.0)}
+
+    def timed(ms: dict[int, float]) -> GraphProfile:
+        return GraphProfile(plain, steps, ms)
+
+    # every size costs the same captured: the largest gives the most tokens, and its step is what the schedule weighs
+    equal = timed({smaller.tokens: 24.0, choice.tree_tokens: 24.0, larger.tokens: 23.0})
+    same = with_graph_mode(choice, equal, alternatives=alternatives)
+    assert same.tree == larger.tree and same.expected_tokens_per_step == pytest.approx(larger.expected_tokens, abs=1e-4)
+    assert same.expected_speedup == pytest.approx(larger.expected_tokens * 20.0 / 23.0, abs=1e-4)
+    assert f"the {larger.tokens}-token one gives most" in same.reason and same.compiled
+    assert with_step_options(same, NATIVE_BF16, accuracy, 5, False, equal).options[0].profile_ms == 23.0
+    # the smaller step so cheap that it gives the most tokens per ms
+    cheap = {smaller.tokens: 24.0 * smaller.expected_tokens / choice.expected_tokens_per_step / 1.5,
+             choice.tree_tokens: 24.0, larger.tokens: 24.0 * larger.expected_tokens / choice.expected_tokens_per_step}
+    assert with_graph_mode(choice, timed(cheap), alternatives=alternatives).tree == smaller.tree
+    # the chosen tree where the others cost more per token
+    dear = cheap | {smaller.tokens: 100.0, larger.tokens: 100.0}
+    kept = with_graph_mode(choice, timed(dear), alternatives=alternatives)
+    assert kept.tree == choice.tree and kept.expected_speedup == pytest.approx(
+        choice.expected_tokens_per_step * 20.0 / 24.0, abs=1e-4)
+    # eager steps, or sizes not timed captured, leave the tree chosen from eager costs
+    eager = GraphProfile(plain, {BF16: pairs(20.0, 30.0), FP32: pairs(80.0, 90.0)}, dict(cheap))
+    assert with_graph_mode(choice, eager, alternatives=alternatives).tree == choice.tree
+    assert with_graph_mode(choice, timed({}), alternatives=alternatives).tree == choice.tree
+    # a tree the user gave has no alternatives
+    assert captured_alternatives(choose_runtime(NATIVE_BF16, 3, accuracy, BF16, load_tree("tree_16")),
+                                 NATIVE_BF16, None, 3) == ()
 
 
 def test_a_chosen_tree_competes_at_every_step_with_the_sizes_next_to_it_and_the_plain_step():

@@ -46,7 +46,8 @@ CANDIDATE_DTYPES = {"cpu": (torch.bfloat16, torch.float32), "cuda": (torch.bfloa
 CONTEXT = 256  # cached tokens while timing
 ROUNDS = 5
 GRAPH_CONTEXT = 64  # cached tokens while timing eager against captured steps
-ENGINE = 5  # raised when the engine's step changes what it costs, so older profiles are measured again
+SIZE_STEPS = 3  # captured steps per round when tree sizes are timed against each other (a few % apart)
+ENGINE = 6  # raised when the engine's step changes what it costs, so older profiles are measured again
 SPREAD = 0.4  # the most the rounds of one timing may disagree (interquartile range / median) in a kept profile:
 # a quiet 2-core EPYC showed up to 0.32 over five rounds of one step each; one burst in five rounds moves no
 # median and is let through, bursts in two show as 1.5 or more
@@ -442,10 +443,12 @@ def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) ->
 @dataclass(frozen=True)
 class GraphProfile:
     """ms of the plain step and of the chosen Medusa step, eager and captured, in each timed dtype (`step_ms` None:
-    no Medusa step was timed)."""
+    no Medusa step was timed), and of captured steps of other tree sizes (`sizes_ms`, by tokens per step, the
+    chosen size's included) in the dtype whose captured step was fastest, where those were timed."""
 
     plain_ms: dict[torch.dtype, dict[str, float]]  # dtype -> "eager" / "captured" -> ms
     step_ms: dict[torch.dtype, dict[str, float]] | None
+    sizes_ms: dict[int, float] = field(default_factory=dict)
 
     @staticmethod
     def fastest(table: dict[torch.dtype, dict[str, float]]) -> tuple[torch.dtype, bool, float]:
@@ -455,7 +458,8 @@ class GraphProfile:
 
     def to_dict(self) -> dict:
         return {side: None if table is None else {dtype_name(d): modes for d, modes in table.items()}
-                for side, table in (("plain_ms", self.plain_ms), ("step_ms", self.step_ms))}
+                for side, table in (("plain_ms", self.plain_ms), ("step_ms", self.step_ms))} | \
+            {"sizes_ms": {str(tokens): ms for tokens, ms in self.sizes_ms.items()}}
 
     @classmethod
     def from_dict(cls, data: dict, dtypes: list[torch.dtype], with_step: bool) -> "GraphProfile":
@@ -466,24 +470,35 @@ class GraphProfile:
                 raise ValueError(f"eager and captured timings needed in {', '.join(map(dtype_name, dtypes))}")
             return {DTYPES[name]: _checked_pair(modes) for name, modes in timed.items()}
 
-        return cls(table(data["plain_ms"]), table(data["step_ms"]) if with_step else None)
+        sizes_ms = {int(tokens): float(ms) for tokens, ms in data.get("sizes_ms", {}).items()}
+        if not all(math.isfinite(ms) and ms > 0 for ms in sizes_ms.values()):
+            raise ValueError("step times must be positive numbers")
+        return cls(table(data["plain_ms"]), table(data["step_ms"]) if with_step else None, sizes_ms)
 
 
-def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[torch.dtype],
-                  log=None) -> GraphProfile:
+def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[torch.dtype], log=None,
+                  alternatives: tuple[Tree | DynamicTree, ...] = ()) -> GraphProfile:
     """Eager against captured steps in each of `dtypes` (copies of `model`), for plain decoding and, with `tree`,
-    for Medusa with `heads`: measured once per machine, model, heads, tree and dtypes, then read from the cache.
-    Every dtype is timed captured, as the eager order need not hold there: on a 2-core AMD EPYC with AVX512-BF16
-    and no AMX, an eager plain fp32 step cost twice a bf16 one, and a captured one 0.78x of a captured bf16 one."""
+    for Medusa with `heads`, and where the captured Medusa step is the fastest, captured steps of the trees
+    `alternatives` against the captured `tree` in that dtype: measured once per machine, model, heads, trees and
+    dtypes, then read from the cache. Every dtype is timed captured, as the eager order need not hold there: on a
+    2-core AMD EPYC with AVX512-BF16 and no AMX, an eager plain fp32 step cost twice a bf16 one, and a captured one
+    0.78x of a captured bf16 one."""
     log = log or to_stderr
     key = profile_key(model, heads, dtypes, ()) | {"graph": repr(tree)}
+    if alternatives:
+        key["alternatives"] = [repr(other) for other in alternatives]
     path = profile_path(key)
     cached = read_cached(path, "graph", lambda data: GraphProfile.from_dict(data, dtypes, tree is not None), log)
     if cached is not None:
         return cached
     steps = "the plain step" + (" and the Medusa step" if tree else "")
+    minutes = 3 * len(dtypes) // 2 + 1  # a compile takes about 40 s on 2 CPU cores
+    if tree and alternatives:
+        steps += f", then {len(alternatives)} more tree sizes captured,"
+        minutes += (2 * len(alternatives) + 2) // 3
     log(f"Timing eager against captured steps: compiling {steps} in {', '.join(map(dtype_name, dtypes))} once "
-        f"(about {3 * len(dtypes) // 2 + 1} min on 2 CPU cores; kept in {path})")
+        f"(about {minutes} min on 2 CPU cores; kept in {path})")
     models = {dtype: model_in_dtype(model, dtype) for dtype in dtypes}
     step_heads = {dtype: copy.deepcopy(heads).to(device=model.device, dtype=dtype) for dtype in dtypes} if tree else {}
 
@@ -502,8 +517,7 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     try:
         ms = interleaved_ms(runners(("eager", "captured")), ROUNDS, model.device)
     except Exception as error:  # a compiled kernel that fails on this CPU: eager still runs, and is timed instead
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[-1]
-        log(f"A captured step failed on this machine, so both sides run eager ({reason[:200]})")
+        log(f"A captured step failed on this machine, so both sides run eager ({_last_line(error)})")
         ms = interleaved_ms(runners(("eager",)), ROUNDS, model.device)
         ms |= {(side, dtype, "captured"): math.inf for side, dtype, _ in list(ms)}
 
@@ -513,6 +527,17 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     profile = GraphProfile(table("plain"), table("step") if tree is not None else None)
     if math.inf in ms.values():
         return profile  # not kept: the next run tries capturing again (a fixed torch or compiler may build it)
+    step_dtype, step_captured, _ = GraphProfile.fastest(profile.step_ms) if tree is not None else (None, False, 0)
+    if alternatives and step_captured:
+        try:
+            sizes = interleaved_ms({len(t) + 1: _several(step_runner(models[step_dtype], (ROUNDS + 1) * SIZE_STEPS, t,
+                                                                     step_heads[step_dtype], GRAPH_CONTEXT, True))
+                                    for t in (tree, *alternatives)}, ROUNDS, model.device)
+            profile = replace(profile, sizes_ms={tokens: round(ms / SIZE_STEPS, 3) for tokens, ms in sizes.items()})
+        except Exception as error:  # as above: the chosen tree is kept, and the next run tries the others again
+            log(f"A captured step of another tree size failed on this machine, so the chosen tree is kept "
+                f"({_last_line(error)})")
+            return profile
     try:
         check_writable(path.parent, "the calibration cache")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -520,6 +545,20 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     except (UserError, OSError) as error:
         log(f"not keeping the eager/captured timings: {error}")
     return profile
+
+
+def _last_line(error: Exception) -> str:
+    """What a failing compiled kernel says, in one line: the last line of its message (at most 200 characters)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[-1][:200]
+
+
+def _several(run: Callable[[], None], count: int = SIZE_STEPS) -> Callable[[], None]:
+    """`run` `count` times per call."""
+    def run_several() -> None:
+        for _ in range(count):
+            run()
+
+    return run_several
 
 
 def _checked_pair(table: dict) -> dict[str, float]:

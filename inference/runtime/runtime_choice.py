@@ -134,28 +134,60 @@ def _graph_words(dtype: torch.dtype, captured: bool) -> str:
     return f"{dtype_name(dtype)} {'captured' if captured else 'eager'}"
 
 
-def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: bool = True) -> RuntimeChoice:
+def captured_alternatives(choice: RuntimeChoice, profile: StepProfile, accuracy: list[list[float]] | None,
+                          num_heads: int) -> tuple[StepOption, ...]:
+    """Trees two timed sizes below and above the chosen one (or the nearest there are), of its kind, to time
+    captured against it: eager costs chose it, and they are noisy at single sizes (the demo heads in eager bf16 on
+    a 2-core AMD EPYC: 4 tokens 24.9 ms, 5 tokens 28.3, 7 tokens 30.0) and carry a per-op cost that capturing
+    removes."""
+    if choice.tree is None or accuracy is None or choice.expected_tokens_per_step is None:
+        return ()
+    sizes = sorted(tokens for tokens in profile.step_ms[choice.dtype] if tokens > 1)
+    below = [tokens for tokens in sizes if tokens < choice.tree_tokens][-2:][:1]
+    above = [tokens for tokens in sizes if tokens > choice.tree_tokens][:2][-1:]
+    alternatives = []
+    for tokens in below + above:
+        nodes, expected = best_tree(accuracy[:num_heads], tokens - 1)
+        if isinstance(choice.tree, DynamicTree) and (like := dynamic_like(nodes)).fits(num_heads):
+            nodes = like
+        alternatives.append(StepOption(nodes, 1 + expected, profile.cost_ms(choice.dtype, tokens)))
+    return tuple(alternatives)
+
+
+def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: bool = True,
+                    alternatives: tuple[StepOption, ...] = ()) -> RuntimeChoice:
     """`choice` with each side in the dtype and graph mode `graph` timed fastest, and (`may_fall_back`: the tree was
     chosen, not given) plain decoding instead of Medusa where the faster plain step leaves the tree expected below
-    MIN_EXPECTED_SPEEDUP. The tree stays the one chosen from eager costs."""
+    MIN_EXPECTED_SPEEDUP. The tree stays the one chosen from eager costs unless `graph` timed captured steps of
+    `alternatives` (`captured_alternatives`) and one of them is expected to give more tokens per ms."""
     plain_dtype, plain_compiled, plain_ms = graph.fastest(graph.plain_ms)
     plain = f"{_graph_words(plain_dtype, plain_compiled)} plain {plain_ms:.1f} ms"
     if choice.tree is None or graph.step_ms is None:
         return replace(choice, dtype=plain_dtype, plain_dtype=plain_dtype, compiled=plain_compiled,
                        plain_compiled=plain_compiled, reason=f"{choice.reason}; fastest here: {plain}")
     dtype, compiled, step_ms = graph.fastest(graph.step_ms)
-    mode = f"{_graph_words(dtype, compiled)} {step_ms:.1f} ms step vs {plain}"
     chosen = replace(choice, dtype=dtype, plain_dtype=plain_dtype, compiled=compiled, plain_compiled=plain_compiled)
     if choice.expected_tokens_per_step is None:
-        return replace(chosen, reason=f"{choice.reason}; {mode}")
-    speedup = choice.expected_tokens_per_step * plain_ms / step_ms
+        return replace(chosen, reason=f"{choice.reason}; {_graph_words(dtype, compiled)} {step_ms:.1f} ms step vs {plain}")
+    timed = [option for option in (StepOption(choice.tree, choice.expected_tokens_per_step, step_ms), *alternatives)
+             if option.tokens in graph.sizes_ms]
+    sizes = ""
+    if compiled and len(timed) > 1:
+        best = max(timed, key=lambda option: option.expected_tokens / graph.sizes_ms[option.tokens])
+        chosen = replace(chosen, tree=best.tree, expected_tokens_per_step=round(best.expected_tokens, 4))
+        step_ms = graph.sizes_ms[best.tokens]
+        sizes = "; of the captured " + ", ".join(
+            f"{option.tokens}-token step ({option.expected_tokens:.2f} tokens per {graph.sizes_ms[option.tokens]:.1f} ms)"
+            for option in sorted(timed, key=lambda option: option.tokens)) + f", the {best.tokens}-token one gives most"
+    mode = f"{_graph_words(dtype, compiled)} {step_ms:.1f} ms step vs {plain}"
+    speedup = chosen.expected_tokens_per_step * plain_ms / step_ms
     if may_fall_back and speedup < MIN_EXPECTED_SPEEDUP:
         return replace(chosen, dtype=plain_dtype, tree=None, compiled=plain_compiled, expected_tokens_per_step=1.0,
                        expected_speedup=1.0, reason=f"plain decoding in {dtype_name(plain_dtype)}: the "
-                       f"{choice.tree_tokens}-token tree is expected at only {speedup:.2f}x ({mode})")
+                       f"{chosen.tree_tokens}-token tree is expected at only {speedup:.2f}x ({mode}{sizes})")
     return replace(chosen, expected_speedup=round(speedup, 4),
-                   reason=f"{dtype_name(dtype)}, {_tree_words(choice.tree)}: expected {speedup:.2f}x "
-                          f"({choice.expected_tokens_per_step:.2f} tokens per {mode})")
+                   reason=f"{dtype_name(dtype)}, {_tree_words(chosen.tree)}: expected {speedup:.2f}x "
+                          f"({chosen.expected_tokens_per_step:.2f} tokens per {mode}{sizes})")
 
 
 def _tree_ladder(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[float]], num_heads: int,
@@ -195,8 +227,8 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
         if graph is None or graph.step_ms is None:
             return choice
         captured_plain = profile.plain_ms[dtype] * graph.plain_ms[dtype]["captured"] / graph.plain_ms[dtype]["eager"]
-        return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step,
-                                                   graph.step_ms[dtype]["captured"]),
+        step_ms = graph.sizes_ms.get(choice.tree_tokens, graph.step_ms[dtype]["captured"])
+        return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step, step_ms),
                                         StepOption(None, 1.0, captured_plain)), options_timed=True)
     chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
     like = choice.tree if isinstance(choice.tree, DynamicTree) else None

@@ -444,7 +444,8 @@ def _measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...]) ->
 class GraphProfile:
     """ms of the plain step and of the chosen Medusa step, eager and captured, in each timed dtype (`step_ms` None:
     no Medusa step was timed), and of captured steps of other tree sizes (`sizes_ms`, by tokens per step, the
-    chosen size's included) in the dtype whose captured step was fastest, where those were timed."""
+    chosen size's included) in the dtype whose captured step was fastest, where those were timed, with the
+    fastest plain step of the same rounds as size 1."""
 
     plain_ms: dict[torch.dtype, dict[str, float]]  # dtype -> "eager" / "captured" -> ms
     step_ms: dict[torch.dtype, dict[str, float]] | None
@@ -529,10 +530,14 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
         return profile  # not kept: the next run tries capturing again (a fixed torch or compiler may build it)
     step_dtype, step_captured, _ = GraphProfile.fastest(profile.step_ms) if tree is not None else (None, False, 0)
     if alternatives and step_captured:
+        plain_dtype, plain_captured, _ = GraphProfile.fastest(profile.plain_ms)
+        sizes = {len(t) + 1: step_runner(models[step_dtype], (ROUNDS + 1) * SIZE_STEPS, t, step_heads[step_dtype],
+                                         GRAPH_CONTEXT, True) for t in (tree, *alternatives)}
+        # the fastest plain step in the same rounds, as what the sizes are weighed against
+        sizes[1] = step_runner(models[plain_dtype], (ROUNDS + 1) * SIZE_STEPS, context=GRAPH_CONTEXT,
+                               captured=plain_captured)
         try:
-            sizes = interleaved_ms({len(t) + 1: _several(step_runner(models[step_dtype], (ROUNDS + 1) * SIZE_STEPS, t,
-                                                                     step_heads[step_dtype], GRAPH_CONTEXT, True))
-                                    for t in (tree, *alternatives)}, ROUNDS, model.device)
+            sizes = interleaved_ms({tokens: _several(run) for tokens, run in sizes.items()}, ROUNDS, model.device)
             profile = replace(profile, sizes_ms={tokens: round(ms / SIZE_STEPS, 3) for tokens, ms in sizes.items()})
         except Exception as error:  # as above: the chosen tree is kept, and the next run tries the others again
             log(f"A captured step of another tree size failed on this machine, so the chosen tree is kept "

@@ -175,7 +175,8 @@ def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: b
     if compiled and len(timed) > 1:
         best = max(timed, key=lambda option: option.expected_tokens / graph.sizes_ms[option.tokens])
         chosen = replace(chosen, tree=best.tree, expected_tokens_per_step=round(best.expected_tokens, 4))
-        step_ms = graph.sizes_ms[best.tokens]
+        step_ms, plain_ms = graph.sizes_ms[best.tokens], graph.sizes_ms.get(1, plain_ms)
+        plain = f"{_graph_words(plain_dtype, plain_compiled)} plain {plain_ms:.1f} ms"
         sizes = "; of the captured " + ", ".join(
             f"{option.tokens}-token step ({option.expected_tokens:.2f} tokens per {graph.sizes_ms[option.tokens]:.1f} ms)"
             for option in sorted(timed, key=lambda option: option.tokens)) + f", the {best.tokens}-token one gives most"

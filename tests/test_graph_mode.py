@@ -109,7 +109,7 @@ def test_a_graph_break_in_a_step_is_an_error_not_a_silent_eager_fallback():
     (False, False, torch.bfloat16, "CPP,ATEN"),  # AVX2 only: oneDNN has no bf16 kernel for a tree step
     (True, False, torch.float32, "CPP,ATEN"),
 ])
-def test_a_captured_cpu_step_autotunes_its_gemms_among_the_kernels_fast_for_its_dtype_and_cpu(
+def test_a_captured_cpu_step_is_frozen_called_from_cpp_and_autotunes_its_gemms_among_the_fast_kernels(
         monkeypatch, native_bf16, amx, dtype, backends):
     monkeypatch.setattr(graph_mode, "native_bf16_cpu", lambda: native_bf16)
     monkeypatch.setattr(graph_mode, "amx_cpu", lambda: amx)
@@ -119,12 +119,13 @@ def test_a_captured_cpu_step_autotunes_its_gemms_among_the_kernels_fast_for_its_
         def compiled(*args):
             seen["backends"] = torch._inductor.config.max_autotune_gemm_backends
             seen["freezing"] = torch._inductor.config.freezing
+            seen["cpp_wrapper"] = torch._inductor.config.cpp_wrapper
             return step(*args)
         return compiled
 
     monkeypatch.setattr(graph_mode.torch, "compile", compile)
     assert graph_mode.capture(lambda x: x * 2, torch.device("cpu"), dtype)(torch.ones(1)).tolist() == [2.0]
-    assert seen == {"backends": backends, "freezing": True}
+    assert seen == {"backends": backends, "freezing": True, "cpp_wrapper": True}
 
 
 def test_ascend_graph_mode_uses_torchair_and_without_it_says_so(monkeypatch):

@@ -21,7 +21,7 @@ from inference.engine.decoding import DecodeStats
 # sampling rules (dynamo's default of 8 would fall back to eager without a word).
 RECOMPILE_LIMIT = 64
 # How inductor compiles a CPU step (`capture` says why); the GEMM timings are not printed.
-CPU_GRAPH_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True,
+CPU_GRAPH_OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True, "cpp_wrapper": True,
                      "max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN",
                      "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
@@ -77,8 +77,10 @@ def capture(step: Callable, device: torch.device, dtype: torch.dtype) -> Callabl
             # freezing folds the weights into the graph and prepacks them (bf16 on AMX/AVX512-BF16); linears that
             # read one input (q/k/v, gate/up) are concatenated; and each GEMM shape is timed as inductor's own C++
             # kernel against oneDNN's, keeping the faster: a oneDNN call costs ~40 us beyond reading its weights,
-            # a quarter of the demo model's step on an AMX Xeon. Inductor reads these when it compiles, which
-            # happens inside a call (passed as `options` they are not seen).
+            # a quarter of the demo model's step on an AMX Xeon. The graph's kernels are called from C++, not
+            # from generated Python (a wrapper call per kernel and per buffer: on a 2-core AMD EPYC 5% of the
+            # demo model's captured plain and Medusa steps, for ~30 s more compiling). Inductor reads these when it
+            # compiles, which happens inside a call (passed as `options` they are not seen).
             with torch._inductor.config.patch(options):
                 return compiled(*args)
 

@@ -47,7 +47,7 @@ CONTEXT = 256  # cached tokens while timing
 ROUNDS = 5
 GRAPH_CONTEXT = 64  # cached tokens while timing eager against captured steps
 SIZE_STEPS = 3  # captured steps per round when tree sizes are timed against each other (a few % apart)
-ENGINE = 6  # raised when the engine's step changes what it costs, so older profiles are measured again
+ENGINE = 7  # raised when the engine's step changes what it costs, so older profiles are measured again
 SPREAD = 0.4  # the most the rounds of one timing may disagree (interquartile range / median) in a kept profile:
 # a quiet 2-core EPYC showed up to 0.32 over five rounds of one step each; one burst in five rounds moves no
 # median and is let through, bursts in two show as 1.5 or more

@@ -457,6 +457,15 @@ class GraphProfile:
         dtype, mode = min(((d, mode) for d, modes in table.items() for mode in modes), key=lambda dm: table[dm[0]][dm[1]])
         return dtype, mode == "captured", table[dtype][mode]
 
+    def captured_costs(self, dtype: torch.dtype, tokens: int) -> tuple[float, float]:
+        """ms of a captured `tokens`-token step and of a captured plain step in `dtype`, both from the same rounds: the
+        tree sizes' timing where it timed this size against a captured plain step in `dtype`, else the eager/captured
+        timing."""
+        plain_dtype, plain_captured, _ = self.fastest(self.plain_ms)
+        if tokens in self.sizes_ms and 1 in self.sizes_ms and plain_dtype == dtype and plain_captured:
+            return self.sizes_ms[tokens], self.sizes_ms[1]
+        return self.step_ms[dtype]["captured"], self.plain_ms[dtype]["captured"]
+
     def to_dict(self) -> dict:
         return {side: None if table is None else {dtype_name(d): modes for d, modes in table.items()}
                 for side, table in (("plain_ms", self.plain_ms), ("step_ms", self.step_ms))} | \

@@ -134,6 +134,23 @@ def _graph_words(dtype: torch.dtype, captured: bool) -> str:
     return f"{dtype_name(dtype)} {'captured' if captured else 'eager'}"
 
 
+def trees_of_sizes(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[float]], num_heads: int,
+                   sizes: list[int], like: DynamicTree | None = None, same_levels: bool = False) -> list[StepOption]:
+    """A tree of each of `sizes` tokens at its `profile` cost: the best fixed tree of that size for `accuracy`, or
+    with `like` a dynamic tree of `like`'s settings that drafts as many levels as that fixed tree is deep
+    (`same_levels`: as many as `like`, so every size verifies the candidates `like` scored). Sizes where the heads
+    score too few candidates for the dynamic tree are left out."""
+    trees = []
+    for tokens in sizes:
+        nodes, expected = best_tree(accuracy, tokens - 1)
+        if like is not None:
+            nodes = replace(like, nodes=tokens - 1, levels=like.levels if same_levels else dynamic_like(nodes).levels)
+            if not nodes.fits(num_heads):
+                continue
+        trees.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
+    return trees
+
+
 def captured_alternatives(choice: RuntimeChoice, profile: StepProfile, accuracy: list[list[float]] | None,
                           num_heads: int) -> tuple[StepOption, ...]:
     """Trees two timed sizes below and above the chosen one (or the nearest there are), of its kind, to time
@@ -145,13 +162,8 @@ def captured_alternatives(choice: RuntimeChoice, profile: StepProfile, accuracy:
     sizes = sorted(tokens for tokens in profile.step_ms[choice.dtype] if tokens > 1)
     below = [tokens for tokens in sizes if tokens < choice.tree_tokens][-2:][:1]
     above = [tokens for tokens in sizes if tokens > choice.tree_tokens][:2][-1:]
-    alternatives = []
-    for tokens in below + above:
-        nodes, expected = best_tree(accuracy[:num_heads], tokens - 1)
-        if isinstance(choice.tree, DynamicTree) and (like := dynamic_like(nodes)).fits(num_heads):
-            nodes = like
-        alternatives.append(StepOption(nodes, 1 + expected, profile.cost_ms(choice.dtype, tokens)))
-    return tuple(alternatives)
+    like = choice.tree if isinstance(choice.tree, DynamicTree) else None
+    return tuple(trees_of_sizes(profile, choice.dtype, accuracy[:num_heads], num_heads, below + above, like))
 
 
 def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: bool = True,
@@ -191,20 +203,6 @@ def with_graph_mode(choice: RuntimeChoice, graph: GraphProfile, may_fall_back: b
                           f"({chosen.expected_tokens_per_step:.2f} tokens per {mode}{sizes})")
 
 
-def _tree_ladder(profile: StepProfile, dtype: torch.dtype, accuracy: list[list[float]], num_heads: int,
-                 like: DynamicTree | None) -> list[StepOption]:
-    """A tree of every timed size (dynamic ones like `like`, else the best fixed tree of that size)."""
-    trees = []
-    for tokens in sorted(profile.step_ms[dtype]):
-        nodes, expected = best_tree(accuracy, tokens - 1)
-        if like is not None:  # as many levels as `like`, so every size verifies the candidates that one scored
-            if not replace(like, nodes=tokens - 1).fits(num_heads):
-                continue
-            nodes = replace(like, nodes=tokens - 1)
-        trees.append(StepOption(nodes, 1 + expected, profile.cost_ms(dtype, tokens)))
-    return trees
-
-
 def _neighbours(ladder: list[StepOption], tokens: int) -> list[StepOption]:
     """The next smaller and the next larger size than `tokens` in `ladder`: each correction by real steps can move
     the choice one size further, also to sizes whose profile cost is wrong and that nothing else would run."""
@@ -217,7 +215,7 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
                       num_heads: int, tree_given: bool, graph: GraphProfile | None = None) -> RuntimeChoice:
     """`choice` with what its steps may run instead, checked against real steps while decoding: the plain step
     and (a chosen tree, eager) the next smaller and larger sizes of its kind. A captured tree competes with the
-    captured plain step only, at the costs `graph` timed (each other size would be a compile; the eager profile is
+    captured plain step only, at the costs `graph` timed in the same rounds (each other size would be a compile; the eager profile is
     not corrected from captured steps). A fallback to plain decoding stays plain decoding: plain steps inside the
     Medusa decoder cost ~5% more than the plain decoder's (the schedule's bookkeeping), measured with bf16 limited
     to AVX2, where trees never pay."""
@@ -227,13 +225,13 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
     if choice.compiled:
         if graph is None or graph.step_ms is None:
             return choice
-        captured_plain = profile.plain_ms[dtype] * graph.plain_ms[dtype]["captured"] / graph.plain_ms[dtype]["eager"]
-        step_ms = graph.sizes_ms.get(choice.tree_tokens, graph.step_ms[dtype]["captured"])
+        step_ms, plain_ms = graph.captured_costs(dtype, choice.tree_tokens)
         return replace(choice, options=(StepOption(choice.tree, choice.expected_tokens_per_step, step_ms),
-                                        StepOption(None, 1.0, captured_plain)), options_timed=True)
+                                        StepOption(None, 1.0, plain_ms)), options_timed=True)
     chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
     like = choice.tree if isinstance(choice.tree, DynamicTree) else None
-    others = [] if tree_given else _neighbours(_tree_ladder(profile, dtype, accuracy, num_heads, like), chosen.tokens)
+    ladder = trees_of_sizes(profile, dtype, accuracy, num_heads, sorted(profile.step_ms[dtype]), like, same_levels=True)
+    others = [] if tree_given else _neighbours(ladder, chosen.tokens)
     options = (chosen, *others, StepOption(None, 1.0, profile.plain_ms[dtype]))
     realised = profile.realised.get(dtype, [])
     return replace(choice, options=options, profile=profile, tree_given=tree_given,

@@ -35,6 +35,7 @@ def quick_calibration(monkeypatch, tmp_path):
     # the real timings of a tiny model on a shared test machine prove nothing about trust: the tests of
     # `doubts` below feed it timings of their own
     monkeypatch.setattr(calibration, "doubts", lambda *args: [])
+    monkeypatch.setattr(calibration, "busy", lambda share: [])
     return measured
 
 
@@ -68,6 +69,7 @@ def timed(monkeypatch, quick_calibration):
     given sequence of step durations and share of the CPU taken by other processes, and what it logged."""
     monkeypatch.setattr(calibration, "ROUNDS", 5)
     monkeypatch.setattr(calibration, "doubts", doubts)
+    monkeypatch.setattr(calibration, "busy", busy)
     meter = calibration.LoadMeter
 
     def calibrate(model, heads, durations, others_share=0.0):
@@ -82,7 +84,7 @@ def timed(monkeypatch, quick_calibration):
     return calibrate
 
 
-doubts = calibration.doubts
+doubts, busy = calibration.doubts, calibration.busy
 
 
 def test_a_calibration_with_agreeing_plausible_rounds_on_a_quiet_machine_is_kept(tiny_pangu, timed):
@@ -179,9 +181,20 @@ def test_timing_runs_every_size_in_turn_and_drops_the_warm_up_round():
             calls.append(name)
         return run
 
-    ms = calibration.interleaved_ms({"plain": runner("plain", 0.3), 8: runner(8)}, repeats=1, device=torch.device("cpu"))
+    metered = []
+
+    class Meter:
+        def __enter__(self):
+            metered.append(len(calls))
+
+        def __exit__(self, *exc):
+            metered.append(len(calls))
+
+    ms = calibration.interleaved_ms({"plain": runner("plain", 0.3), 8: runner(8)}, repeats=1, device=torch.device("cpu"),
+                                    load=Meter())
     assert calls == ["plain", 8] * 2
     assert set(ms) == {"plain", 8} and ms["plain"] < 100
+    assert metered == [2, 4]  # the load is metered over the timed rounds, not the warm-up (where steps compile)
 
 
 def test_a_step_runner_lasts_for_the_calls_it_was_made_for_even_when_every_token_is_accepted(tiny_pangu):
@@ -471,3 +484,38 @@ def test_captured_steps_of_other_tree_sizes_are_timed_in_the_fastest_dtype_once_
     runs.clear()
     assert calibration.graph_profile(model, heads, DynamicTree(2), [BF16], notices.append, alternatives).sizes_ms == {}
     assert {tokens for tokens, _, _ in runs} == {1, 3}
+
+
+def test_eager_and_captured_timings_taken_while_other_processes_were_busy_serve_this_run_only(
+        tiny_pangu, quick_calibration, monkeypatch):
+    """A neighbour's load while either timing ran (the dtypes' steps, or the tree sizes') would be kept as this
+    machine's costs for every later run."""
+    model = tiny_pangu[1]
+    monkeypatch.setattr(calibration, "busy", busy)
+
+    def captured_faster(model, calls, tree=None, heads=None, context=calibration.CONTEXT, captured=False):
+        return lambda: time.sleep(0.002 if captured else 0.004)
+
+    monkeypatch.setattr(calibration, "step_runner", captured_faster)
+    shares = iter([0.0, 0.5, 0.0, 0.0])  # the steps' timing quiet, the tree sizes' busy; then both quiet
+
+    class Meter:
+        share = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.share = next(shares)
+
+    monkeypatch.setattr(calibration, "LoadMeter", Meter)
+    heads = random_heads(model, num_heads=2, head_input="hidden_and_path")
+    notices = []
+    alternatives = (DynamicTree(4),)
+    graph = calibration.graph_profile(model, heads, DynamicTree(2), [FP32], notices.append, alternatives)
+    assert set(graph.sizes_ms) == {1, 3, 5}
+    assert any(line.startswith("Not keeping the eager/captured timings") and "took 50% of the CPU time" in line
+               for line in notices)
+    assert not any(calibration.calibration_dir().glob("*.json"))
+    calibration.graph_profile(model, heads, DynamicTree(2), [FP32], notices.append, alternatives)
+    assert len(list(calibration.calibration_dir().glob("*.json"))) == 1

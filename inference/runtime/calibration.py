@@ -12,6 +12,7 @@ took a share of the CPU while it was measured (bursty load, a compiler starting 
 interleaving that steady load does not). Otherwise it serves this run only and the next run measures again.
 """
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -187,21 +188,27 @@ def step_runner(model, calls: int, tree: Tree | DynamicTree | None = None, heads
     return run
 
 
-def interleaved_rounds(runners: dict, repeats: int, device, progress=None) -> dict[object, list[float]]:
+def interleaved_rounds(runners: dict, repeats: int, device, progress=None,
+                       load: "LoadMeter | None" = None) -> dict[object, list[float]]:
     """ms of each runner in each of `repeats` rounds that run every runner once, in turn, after one warm-up
-    round: drift of a shared machine (clock, a neighbour's load) then hits every size alike."""
+    round (where captured steps compile): drift of a shared machine (clock, a neighbour's load) then hits every
+    size alike. `load` meters the other processes' share of the CPU over the timed rounds."""
     times = {key: [] for key in runners}
-    for round_index in range(repeats + 1):
-        for key, run in runners.items():
-            synchronize(device)
-            start = clock()
-            run()
-            synchronize(device)
-            elapsed_ms = 1000 * (clock() - start)
-            if round_index:
-                times[key].append(elapsed_ms)
-        if progress is not None:
-            progress.update()
+    for run in runners.values():
+        run()
+    synchronize(device)
+    if progress is not None:
+        progress.update()
+    with load or contextlib.nullcontext():
+        for _ in range(repeats):
+            for key, run in runners.items():
+                synchronize(device)
+                start = clock()
+                run()
+                synchronize(device)
+                times[key].append(1000 * (clock() - start))
+            if progress is not None:
+                progress.update()
     return times
 
 
@@ -210,9 +217,9 @@ def medians(times: dict[object, list[float]]) -> dict:
     return {key: statistics.median(values) for key, values in times.items()}
 
 
-def interleaved_ms(runners: dict, repeats: int, device, progress=None) -> dict:
+def interleaved_ms(runners: dict, repeats: int, device, progress=None, load: "LoadMeter | None" = None) -> dict:
     """Median ms of each runner over `interleaved_rounds`."""
-    return medians(interleaved_rounds(runners, repeats, device, progress))
+    return medians(interleaved_rounds(runners, repeats, device, progress, load))
 
 
 def _cpu_seconds() -> tuple[float, float] | None:
@@ -248,14 +255,20 @@ class LoadMeter:
         self.share = max(0.0, others / (seconds * self.cpus))
 
 
+def busy(others_share: float | None) -> list[str]:
+    """Other processes' share of the CPU time beyond BUSY while timing ran, as a reason not to keep the timing (none:
+    quiet, or not known)."""
+    if others_share is not None and others_share > BUSY:
+        return [f"other processes took {others_share:.0%} of the CPU time while it ran"]
+    return []
+
+
 def doubts(rounds: dict[tuple[torch.dtype, int], list[float]], profile: "StepProfile",
            others_share: float | None) -> list[str]:
     """Why a measured profile should not be kept (none: keep it): rounds that disagree beyond SPREAD, costs
     no hardware has (a larger step much cheaper than a smaller one, plain slower than the smallest tree step),
     or other processes busy on the machine beyond BUSY while it was measured."""
-    found = []
-    if others_share is not None and others_share > BUSY:
-        found.append(f"other processes took {others_share:.0%} of the CPU time while it ran")
+    found = busy(others_share)
     for (dtype, tokens), values in rounds.items():
         if len(values) >= 3:
             q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
@@ -309,8 +322,8 @@ def measure(model, heads, dtypes: list[torch.dtype], sizes: tuple[int, ...], rou
         heads_d = copy.deepcopy(heads).to(dtype=dtype) if sizes else None
         for tokens in sizes:
             runners[(dtype, tokens)] = step_runner(model_d, rounds + 1, calibration_tree(tokens, heads), heads_d)
-    with LoadMeter() as load:
-        times = interleaved_rounds(runners, rounds, model.device, progress)
+    load = LoadMeter()
+    times = interleaved_rounds(runners, rounds, model.device, progress, load)
     ms = medians(times)
     profile = StepProfile(
         plain_ms={dtype: round(ms[(dtype, 1)], 3) for dtype in dtypes},
@@ -491,9 +504,9 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     """Eager against captured steps in each of `dtypes` (copies of `model`), for plain decoding and, with `tree`,
     for Medusa with `heads`, and where the captured Medusa step is the fastest, captured steps of the trees
     `alternatives` against the captured `tree` in that dtype: measured once per machine, model, heads, trees and
-    dtypes, then read from the cache. Every dtype is timed captured, as the eager order need not hold there: on a
-    2-core AMD EPYC with AVX512-BF16 and no AMX, an eager plain fp32 step cost twice a bf16 one, and a captured one
-    0.78x of a captured bf16 one."""
+    dtypes, then read from the cache (unless other processes were busy while it ran). Every dtype is timed captured,
+    as the eager order need not hold there: on a 2-core AMD EPYC with AVX512-BF16 and no AMX, an eager plain fp32
+    step cost twice a bf16 one, and a captured one 0.78x of a captured bf16 one."""
     log = log or to_stderr
     key = profile_key(model, heads, dtypes, ()) | {"graph": repr(tree)}
     if alternatives:
@@ -524,8 +537,9 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
                                                            GRAPH_CONTEXT, mode == "captured")
         return timed
 
+    steps_load, sizes_load = LoadMeter(), LoadMeter()  # other processes' share of the CPU while each timing ran
     try:
-        ms = interleaved_ms(runners(("eager", "captured")), ROUNDS, model.device)
+        ms = interleaved_ms(runners(("eager", "captured")), ROUNDS, model.device, load=steps_load)
     except Exception as error:  # a compiled kernel that fails on this CPU: eager still runs, and is timed instead
         log(f"A captured step failed on this machine, so both sides run eager ({_last_line(error)})")
         ms = interleaved_ms(runners(("eager",)), ROUNDS, model.device)
@@ -537,21 +551,19 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     profile = GraphProfile(table("plain"), table("step") if tree is not None else None)
     if math.inf in ms.values():
         return profile  # not kept: the next run tries capturing again (a fixed torch or compiler may build it)
-    step_dtype, step_captured, _ = GraphProfile.fastest(profile.step_ms) if tree is not None else (None, False, 0)
-    if alternatives and step_captured:
-        plain_dtype, plain_captured, _ = GraphProfile.fastest(profile.plain_ms)
-        sizes = {len(t) + 1: step_runner(models[step_dtype], (ROUNDS + 1) * SIZE_STEPS, t, step_heads[step_dtype],
-                                         GRAPH_CONTEXT, True) for t in (tree, *alternatives)}
-        # the fastest plain step in the same rounds, as what the sizes are weighed against
-        sizes[1] = step_runner(models[plain_dtype], (ROUNDS + 1) * SIZE_STEPS, context=GRAPH_CONTEXT,
-                               captured=plain_captured)
+    if alternatives and tree is not None and GraphProfile.fastest(profile.step_ms)[1]:
         try:
-            sizes = interleaved_ms({tokens: _several(run) for tokens, run in sizes.items()}, ROUNDS, model.device)
-            profile = replace(profile, sizes_ms={tokens: round(ms / SIZE_STEPS, 3) for tokens, ms in sizes.items()})
+            profile = replace(profile, sizes_ms=_captured_sizes(profile, models, step_heads, (tree, *alternatives),
+                                                                sizes_load))
         except Exception as error:  # as above: the chosen tree is kept, and the next run tries the others again
             log(f"A captured step of another tree size failed on this machine, so the chosen tree is kept "
                 f"({_last_line(error)})")
             return profile
+    found = busy(max((load.share for load in (steps_load, sizes_load) if load.share is not None), default=None))
+    if model.device.type == "cpu" and found:
+        log(f"Not keeping the eager/captured timings, they serve this run only and the next run measures again: "
+            f"{found[0]}")
+        return profile
     try:
         check_writable(path.parent, "the calibration cache")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -559,6 +571,22 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     except (UserError, OSError) as error:
         log(f"not keeping the eager/captured timings: {error}")
     return profile
+
+
+def _captured_sizes(profile: GraphProfile, models: dict, step_heads: dict, trees: tuple[Tree | DynamicTree, ...],
+                    load: LoadMeter) -> dict[int, float]:
+    """ms per captured step of each of `trees` (by tokens per step) in the dtype whose captured Medusa step
+    `profile` timed fastest, with the fastest plain step of the same rounds as size 1: SIZE_STEPS steps per
+    timing, as the sizes are a few % apart."""
+    dtype, _, _ = GraphProfile.fastest(profile.step_ms)
+    plain_dtype, plain_captured, _ = GraphProfile.fastest(profile.plain_ms)
+    calls = (ROUNDS + 1) * SIZE_STEPS
+    runners = {len(tree) + 1: step_runner(models[dtype], calls, tree, step_heads[dtype], GRAPH_CONTEXT, True)
+               for tree in trees}
+    runners[1] = step_runner(models[plain_dtype], calls, context=GRAPH_CONTEXT, captured=plain_captured)
+    ms = interleaved_ms({tokens: _several(run) for tokens, run in runners.items()}, ROUNDS,
+                        next(iter(models.values())).device, load=load)
+    return {tokens: round(total / SIZE_STEPS, 3) for tokens, total in ms.items()}
 
 
 def _last_line(error: Exception) -> str:

@@ -554,7 +554,7 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
     if alternatives and tree is not None and GraphProfile.fastest(profile.step_ms)[1]:
         try:
             profile = replace(profile, sizes_ms=_captured_sizes(profile, models, step_heads, (tree, *alternatives),
-                                                                sizes_load))
+                                                                model.device, sizes_load))
         except Exception as error:  # as above: the chosen tree is kept, and the next run tries the others again
             log(f"A captured step of another tree size failed on this machine, so the chosen tree is kept "
                 f"({_last_line(error)})")
@@ -574,7 +574,7 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
 
 
 def _captured_sizes(profile: GraphProfile, models: dict, step_heads: dict, trees: tuple[Tree | DynamicTree, ...],
-                    load: LoadMeter) -> dict[int, float]:
+                    device: torch.device, load: LoadMeter) -> dict[int, float]:
     """ms per captured step of each of `trees` (by tokens per step) in the dtype whose captured Medusa step
     `profile` timed fastest, with the fastest plain step of the same rounds as size 1: SIZE_STEPS steps per
     timing, as the sizes are a few % apart."""
@@ -584,8 +584,7 @@ def _captured_sizes(profile: GraphProfile, models: dict, step_heads: dict, trees
     runners = {len(tree) + 1: step_runner(models[dtype], calls, tree, step_heads[dtype], GRAPH_CONTEXT, True)
                for tree in trees}
     runners[1] = step_runner(models[plain_dtype], calls, context=GRAPH_CONTEXT, captured=plain_captured)
-    ms = interleaved_ms({tokens: _several(run) for tokens, run in runners.items()}, ROUNDS,
-                        next(iter(models.values())).device, load=load)
+    ms = interleaved_ms({tokens: _several(run) for tokens, run in runners.items()}, ROUNDS, device, load=load)
     return {tokens: round(total / SIZE_STEPS, 3) for tokens, total in ms.items()}
 
 

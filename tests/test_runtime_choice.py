@@ -11,6 +11,7 @@ from inference.runtime.runtime_choice import (MIN_EXPECTED_SPEEDUP, captured_alt
                                               with_graph_mode, with_step_options)
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
 from medusa_model import DEMO_HEADS_DIR
+from medusa_helpers import random_heads
 
 SIZES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -279,6 +280,39 @@ def test_a_choice_from_a_wrong_profile_is_decided_again_as_from_the_right_one_on
 def test_a_fallback_to_plain_decoding_stays_plain_decoding():
     choice = choose_runtime(AVX2, 3, demo_accuracy())
     assert choice.tree is None and with_step_options(choice, AVX2, demo_accuracy(), 3, tree_given=False).options == ()
+
+
+def test_a_tree_eager_costs_reject_is_timed_captured_and_runs_where_captured_steps_pay(tiny_pangu, monkeypatch):
+    """With bf16 limited to AVX2 an eager tree step costs about as many plain steps as it has tokens, a captured one
+    far less (`graph_profile` with the demo drafter on a 2-core EPYC: 5 tokens 85.6 ms eager, 27.3 captured, against
+    a plain token's 22.4 and 12.1)."""
+    import medusa_model
+
+    model = tiny_pangu[1]
+    heads = random_heads(model, 3, head_input="hidden_and_path")
+    heads.config.medusa_head_accuracy = demo_accuracy()[:3]
+    monkeypatch.setattr(medusa_model, "step_profile", lambda *args, **kwargs: AVX2)
+    plain = {BF16: pairs(22.4, 12.1), FP32: pairs(48.7, 18.7)}
+    timed = []
+
+    def profile(step_ms: float):
+        def graph(model, heads, tree, dtypes, log, alternatives):
+            timed.append(tree)
+            return GraphProfile(plain, {BF16: pairs(85.6, step_ms), FP32: pairs(87.8, 36.8)})
+        return graph
+
+    monkeypatch.setattr(medusa_model, "graph_profile", profile(13.0))
+    captured = medusa_model.choose_for_hardware(model, heads, None, None, lambda line: None, "auto")
+    assert timed[-1] is not None and captured.tree == timed[-1] and captured.compiled and captured.dtype == BF16
+    assert captured.expected_speedup >= MIN_EXPECTED_SPEEDUP
+    # where the captured tree does not pay either, plain decoding, captured
+    monkeypatch.setattr(medusa_model, "graph_profile", profile(40.0))
+    plain_only = medusa_model.choose_for_hardware(model, heads, None, None, lambda line: None, "auto")
+    assert plain_only.tree is None and plain_only.compiled and "expected at only" in plain_only.reason
+    # eager only: the eager costs decide, and nothing is timed
+    timed.clear()
+    assert medusa_model.choose_for_hardware(model, heads, None, None, lambda line: None, "off").tree is None
+    assert timed == []
 
 
 def test_plain_decoding_runs_in_the_dtype_its_eager_and_captured_timings_found_fastest(tiny_pangu, monkeypatch,

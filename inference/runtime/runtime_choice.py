@@ -83,14 +83,15 @@ def fastest_plain_dtype(profile: StepProfile, dtypes: list[torch.dtype] | None =
 
 def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[float]] | None,
                    dtype: torch.dtype | None = None, tree: Tree | DynamicTree | None = None,
-                   dynamic: bool = False) -> RuntimeChoice:
+                   dynamic: bool = False, min_speedup: float = MIN_EXPECTED_SPEEDUP) -> RuntimeChoice:
     """The fastest (dtype, tree) for this profile, or plain decoding when nothing is expected to beat it.
 
     `dtype` forces the dtype (plain decoding is then compared in the same dtype); `tree` fixes the tree.
     Without `accuracy` the gain cannot be estimated: the fixed tree is used in the dtype where its step
     is fastest. `dynamic`: the chosen size is verified as a `DynamicTree` (for heads that propose after
     verification anyway; the profile timed dynamic steps for them, and the best fixed tree's token estimate
-    is a floor for a dynamic tree of the same size).
+    is a floor for a dynamic tree of the same size). A chosen tree expected below `min_speedup` gives way to plain
+    decoding.
     """
     dtypes = [dtype] if dtype else sorted(profile.plain_ms, key=dtype_name)
     plain_dtype = fastest_plain_dtype(profile, dtypes)
@@ -117,7 +118,7 @@ def choose_runtime(profile: StepProfile, num_heads: int, accuracy: list[list[flo
     step_ms = profile.tree_step_ms(best_dtype, len(best_nodes) + 1)
     estimate = (f"{1 + expected:.2f} expected tokens per {step_ms:.0f} ms step vs {plain_ms:.0f} ms per plain "
                 f"{dtype_name(plain_dtype)} token")
-    if tree is None and speedup < MIN_EXPECTED_SPEEDUP:
+    if tree is None and speedup < min_speedup:
         return RuntimeChoice(plain_dtype, None, plain_dtype,
                              f"plain decoding in {dtype_name(plain_dtype)}: the best tree here ({len(best_nodes) + 1} "
                              f"tokens in {dtype_name(best_dtype)}) is expected at only {speedup:.2f}x ({estimate})",

@@ -216,10 +216,10 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
                       num_heads: int, tree_given: bool, graph: GraphProfile | None = None) -> RuntimeChoice:
     """`choice` with what its steps may run instead, checked against real steps while decoding: the plain step
     and (a chosen tree, eager) the next smaller and larger sizes of its kind. A captured tree competes with the
-    captured plain step only, at the costs `graph` timed in the same rounds (each other size would be a compile; the eager profile is
-    not corrected from captured steps). A fallback to plain decoding stays plain decoding: plain steps inside the
-    Medusa decoder cost ~5% more than the plain decoder's (the schedule's bookkeeping), measured with bf16 limited
-    to AVX2, where trees never pay."""
+    captured plain step only, at the costs `graph` timed in the same rounds (each other size would be a compile;
+    the eager profile is not corrected from captured steps). A fallback to plain decoding stays plain decoding:
+    plain steps inside the Medusa decoder cost ~5% more than the plain decoder's (the schedule's bookkeeping),
+    measured with bf16 limited to AVX2, where eager trees never pay."""
     if choice.tree is None or accuracy is None or choice.expected_tokens_per_step is None:
         return choice
     dtype, accuracy = choice.dtype, accuracy[:num_heads]
@@ -231,8 +231,9 @@ def with_step_options(choice: RuntimeChoice, profile: StepProfile, accuracy: lis
                                         StepOption(None, 1.0, plain_ms)), options_timed=True)
     chosen = StepOption(choice.tree, choice.expected_tokens_per_step, profile.cost_ms(dtype, choice.tree_tokens))
     like = choice.tree if isinstance(choice.tree, DynamicTree) else None
-    ladder = trees_of_sizes(profile, dtype, accuracy, num_heads, sorted(profile.step_ms[dtype]), like, same_levels=True)
-    others = [] if tree_given else _neighbours(ladder, chosen.tokens)
+    others = [] if tree_given else _neighbours(
+        trees_of_sizes(profile, dtype, accuracy, num_heads, sorted(profile.step_ms[dtype]), like, same_levels=True),
+        chosen.tokens)
     options = (chosen, *others, StepOption(None, 1.0, profile.plain_ms[dtype]))
     realised = profile.realised.get(dtype, [])
     return replace(choice, options=options, profile=profile, tree_given=tree_given,

@@ -34,8 +34,8 @@ from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)
     COMBINED_CONFIG, HEAD_INPUTS, LAYOUTS, LAYOUTS_ON_DISK, ONE_CHECKPOINT_PREFIX, MedusaConfig, MedusaHeads,
     MedusaLoadError, has_base_weights, is_one_checkpoint, load_heads, read_medusa_config, save_heads, update_heads_config)
-from inference.runtime.runtime_choice import (RuntimeChoice, captured_alternatives, choose_runtime, redecided,
-                                             with_graph_mode, with_step_options)
+from inference.runtime.runtime_choice import (MIN_EXPECTED_SPEEDUP, RuntimeChoice, captured_alternatives, choose_runtime,
+                                              redecided, with_graph_mode, with_step_options)
 from inference.runtime.vllm_export import export_vllm
 from medusa_choices import DynamicTree, Tree, load_tree, validate_tree
 
@@ -134,13 +134,13 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
         return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, [dtype], log, compile)[0]
     accuracy = heads.config.medusa_head_accuracy
     profile = step_profile(model, heads, None if dtype is None else [dtype], log)
-    dynamic = heads.propose_after_verification
-    choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=dynamic)
-    if compile == "auto" and choice.tree is None:
-        # capturing sheds a per-op cost that weighs most on tree steps, so a tree eager costs reject may pay captured
-        # (the demo drafter's bf16 steps with bf16 limited to AVX2: 5 tokens eager 3.8x a plain token, captured 2.1x;
-        # 3 tokens captured 1.5x, and 1.24x the plain rate end to end)
-        choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=dynamic, min_speedup=0.0)
+    # under auto the tree eager costs expect to do best is timed captured even where they put plain decoding ahead:
+    # capturing sheds a per-op cost that weighs most on tree steps (the demo drafter's bf16 steps with bf16 limited to
+    # AVX2: 5 tokens eager 3.8x a plain token, captured 2.1x; 3 tokens captured 1.5x, and 1.24x the plain rate end to
+    # end), and `with_graph_mode` falls back to plain decoding where the captured timings leave it below the threshold
+    min_speedup = 0.0 if compile == "auto" else MIN_EXPECTED_SPEEDUP
+    choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification,
+                            min_speedup=min_speedup)
     alternatives = captured_alternatives(choice, profile, accuracy, heads.num_heads) if tree is None else ()
     choice, graph = captured_where_faster(choice, model, heads, tree, list(profile.plain_ms), log, compile,
                                           alternatives)

@@ -10,6 +10,7 @@ from inference.runtime.calibration import GraphProfile, StepProfile
 from inference.runtime.runtime_choice import (MIN_EXPECTED_SPEEDUP, captured_alternatives, choose_runtime, redecided,
                                               with_graph_mode, with_step_options)
 from medusa_choices import DynamicTree, best_tree, expected_accepted, load_tree, validate_tree
+import medusa_model
 from medusa_model import DEMO_HEADS_DIR
 from medusa_helpers import random_heads
 
@@ -286,8 +287,6 @@ def test_a_tree_eager_costs_reject_is_timed_captured_and_runs_where_captured_ste
     """With bf16 limited to AVX2 an eager tree step costs about as many plain steps as it has tokens, a captured one
     far less (`graph_profile` with the demo drafter on a 2-core EPYC: 5 tokens 85.6 ms eager, 27.3 captured, against
     a plain token's 22.4 and 12.1)."""
-    import medusa_model
-
     model = tiny_pangu[1]
     heads = random_heads(model, 3, head_input="hidden_and_path")
     heads.config.medusa_head_accuracy = demo_accuracy()[:3]

@@ -559,8 +559,9 @@ def graph_profile(model, heads, tree: Tree | DynamicTree | None, dtypes: list[to
             log(f"A captured step of another tree size failed on this machine, so the chosen tree is kept "
                 f"({_last_line(error)})")
             return profile
-    found = busy(max((load.share for load in (steps_load, sizes_load) if load.share is not None), default=None))
-    if model.device.type == "cpu" and found:
+    shares = [load.share for load in (steps_load, sizes_load) if load.share is not None]
+    found = busy(max(shares, default=None)) if model.device.type == "cpu" else []
+    if found:
         log(f"Not keeping the eager/captured timings, they serve this run only and the next run measures again: "
             f"{found[0]}")
         return profile

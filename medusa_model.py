@@ -129,16 +129,18 @@ def choose_for_hardware(model: nn.Module, heads: MedusaHeads, dtype: torch.dtype
     `compile` auto: eager and captured steps of the chosen tree (chosen from eager costs, also where those put plain
     decoding ahead) are timed against each other in every dtype the choice may take, and each side runs in the dtype
     and graph mode timed fastest; plain decoding takes over where the faster plain step leaves an automatically chosen
-    tree expected below the threshold."""
+    tree expected below the threshold. `compile` on: the same timing, but each side runs captured, in the dtype (and
+    with the tree) whose captured steps were timed fastest; nothing is timed where dtype and tree are both given."""
     if dtype is not None and tree is not None:
         return captured_where_faster(RuntimeChoice.as_given(dtype, tree), model, heads, tree, [dtype], log, compile)[0]
     accuracy = heads.config.medusa_head_accuracy
     profile = step_profile(model, heads, None if dtype is None else [dtype], log)
-    # under auto the tree eager costs expect to do best is timed captured even where they put plain decoding ahead:
-    # capturing sheds a per-op cost that weighs most on tree steps (the demo drafter's bf16 steps with bf16 limited to
-    # AVX2: 5 tokens eager 3.8x a plain token, captured 2.1x; 3 tokens captured 1.5x, and 1.24x the plain rate end to
-    # end), and `with_graph_mode` falls back to plain decoding where the captured timings leave it below the threshold
-    min_speedup = 0.0 if compile == "auto" else MIN_EXPECTED_SPEEDUP
+    # where steps may be captured, the tree eager costs expect to do best is timed captured even where they put plain
+    # decoding ahead: capturing sheds a per-op cost that weighs most on tree steps (the demo drafter's bf16 steps with
+    # bf16 limited to AVX2: 5 tokens eager 3.8x a plain token, captured 2.1x; 3 tokens captured 1.5x, and 1.24x the
+    # plain rate end to end), and `with_graph_mode` falls back to plain decoding where the captured timings leave it
+    # below the threshold
+    min_speedup = MIN_EXPECTED_SPEEDUP if compile == "off" else 0.0
     choice = choose_runtime(profile, heads.num_heads, accuracy, dtype, tree, dynamic=heads.propose_after_verification,
                             min_speedup=min_speedup)
     alternatives = captured_alternatives(choice, profile, accuracy, heads.num_heads) if tree is None else ()
@@ -151,16 +153,17 @@ def captured_where_faster(choice: RuntimeChoice, model: nn.Module, heads: Medusa
                           dtypes: list[torch.dtype], log: Callable[[str], None], compile: str,
                           alternatives: tuple[StepOption, ...] = ()) -> tuple[RuntimeChoice, GraphProfile | None]:
     """`choice` with each side captured as `compile` says (auto: in the dtype of `dtypes` and the graph mode timed
-    fastest, and the tree among the chosen one and `alternatives` expected to give the most tokens per captured ms),
-    and the eager against captured timings that decided it (auto only)."""
-    if compile != "off":
-        use_compile_cache()
-    if compile == "on":
+    fastest, on: in the dtype timed fastest captured; either way with the tree among the chosen one and `alternatives`
+    expected to give the most tokens per captured ms), and the eager against captured timings that decided it."""
+    if compile == "off":
+        return choice, None
+    use_compile_cache()
+    if compile == "on" and tree is not None and len(dtypes) == 1:  # nothing left to choose
         return replace(choice, compiled=True, plain_compiled=True), None
-    if compile == "auto":
-        graph = graph_profile(model, heads, choice.tree, dtypes, log, tuple(option.tree for option in alternatives))
-        return with_graph_mode(choice, graph, may_fall_back=tree is None, alternatives=alternatives), graph
-    return choice, None
+    graph = graph_profile(model, heads, choice.tree, dtypes, log, tuple(option.tree for option in alternatives))
+    if compile == "on":
+        graph = graph.captured_only()
+    return with_graph_mode(choice, graph, may_fall_back=tree is None, alternatives=alternatives), graph
 
 
 class MedusaModel(nn.Module):

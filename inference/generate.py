@@ -27,8 +27,10 @@ def make_session(args, device: torch.device, dtype: torch.dtype | str | None) ->
     if args.compile != "off":
         use_compile_cache()
     captured = args.compile == "on"
-    if args.compile == "auto":  # captured steps can order the dtypes otherwise than eager ones
+    if args.compile == "auto" or (captured and len(dtypes) > 1):  # captured steps can order the dtypes otherwise
         graph = graph_profile(model, None, None, dtypes)
+        if captured:
+            graph = graph.captured_only()
         fastest, captured, _ = graph.fastest(graph.plain_ms)
     if dtype == AUTO:
         model = model.to(fastest)

@@ -312,12 +312,20 @@ def test_a_tree_eager_costs_reject_is_timed_captured_and_runs_where_captured_ste
     timed.clear()
     assert medusa_model.choose_for_hardware(model, heads, None, None, lambda line: None, "off").tree is None
     assert timed == []
+    # always captured: the same timing chooses the tree, and the dtype among captured steps only (fp32's eager plain
+    # step is the fastest step here, its captured one is not)
+    plain[FP32] = pairs(10.0, 18.7)
+    monkeypatch.setattr(medusa_model, "graph_profile", profile(13.0))
+    forced = medusa_model.choose_for_hardware(model, heads, None, None, lambda line: None, "on")
+    assert timed[-1] is not None and forced.tree == timed[-1] and forced.compiled and forced.plain_compiled
+    assert forced.dtype == forced.plain_dtype == BF16
 
 
 def test_plain_decoding_runs_in_the_dtype_its_eager_and_captured_timings_found_fastest(tiny_pangu, monkeypatch,
                                                                                       capsys):
     """Eager costs order bf16 first; timed eager against captured in each dtype, fp32 eager is the fastest."""
     from inference import generate
+    from inference.engine.plain_decoding import PlainDecoder
 
     monkeypatch.setattr(generate, "step_profile", lambda *args, **kwargs: StepProfile({BF16: 10.0, FP32: 20.0},
                                                                                       {BF16: {}, FP32: {}}))
@@ -330,6 +338,11 @@ def test_plain_decoding_runs_in_the_dtype_its_eager_and_captured_timings_found_f
     assert timed == [BF16, FP32] and "plain decoding in fp32" in err and "Graph mode: eager steps" in err
     assert generate.main(argv + ["--compile", "off"]) == 0
     assert "plain decoding in bf16" in capsys.readouterr().err
+    # always captured: the dtype whose captured step was fastest (the step itself runs eager here, to spare a compile)
+    monkeypatch.setattr(generate, "PlainDecoder", lambda model, captured, log: PlainDecoder(model, False, log=log))
+    assert generate.main(argv + ["--compile", "on"]) == 0
+    err = capsys.readouterr().err
+    assert "plain decoding in fp32" in err and "Graph mode: captured steps" in err
 
 
 # Plain steps timed eager and captured (ms) on each machine class, as the benchmark or `graph_profile` measured them

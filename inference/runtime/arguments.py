@@ -92,7 +92,8 @@ def add_model_args(parser: argparse.ArgumentParser, dtype_default: str = "auto",
     if auto:
         group.add_argument("--compile", default=default_compile_mode(), choices=COMPILE_MODES,
                            help="run each decoding step as one captured graph (inductor on CPUs, CUDA graphs, "
-                           "torchair on Ascend): on, off, or auto (whichever a one-time timing of eager against "
-                           "captured steps found faster here, timed once per machine); compiling costs ~40 s per "
-                           "step shape and process on 2 CPU cores, so use off for a single short prompt. "
+                           "torchair on Ascend): auto (whichever a one-time timing of eager against captured "
+                           "steps found faster here, timed once per machine), on (always; a dtype or tree not given "
+                           "is chosen from the same timing's captured steps), or off; compiling costs ~40 s per step "
+                           "shape and process on 2 CPU cores, so use off for a single short prompt. "
                            f"Default: ${COMPILE_ENV}, else auto")

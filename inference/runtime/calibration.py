@@ -479,6 +479,16 @@ class GraphProfile:
             return self.sizes_ms[tokens], self.sizes_ms[1]
         return self.step_ms[dtype]["captured"], self.plain_ms[dtype]["captured"]
 
+    def captured_only(self) -> "GraphProfile":
+        """The captured timings alone, what `--compile on` chooses among; a dtype keeps its eager timing only where
+        its captured step failed on this machine (and then runs eager, as under `auto`)."""
+        def captured(table: dict[torch.dtype, dict[str, float]] | None):
+            return None if table is None else {
+                dtype: {"captured": modes["captured"]} if math.isfinite(modes["captured"]) else modes
+                for dtype, modes in table.items()}
+
+        return replace(self, plain_ms=captured(self.plain_ms), step_ms=captured(self.step_ms))
+
     def to_dict(self) -> dict:
         return {side: None if table is None else {dtype_name(d): modes for d, modes in table.items()}
                 for side, table in (("plain_ms", self.plain_ms), ("step_ms", self.step_ms))} | \

@@ -28,7 +28,7 @@ from inference.runtime.arguments import COMPILE_MODES, default_compile_mode
 from inference.runtime.calibration import GraphProfile, graph_profile, step_profile, write_correction
 from inference.runtime.demo_model import DEMO_NAME
 from inference.runtime.devices import AUTO, as_device, as_dtype
-from inference.runtime.errors import to_stderr
+from inference.runtime.console import to_stderr
 from inference.runtime.home import use_compile_cache
 from inference.runtime.loading import load_base, resolve_model_dir
 from inference.runtime.medusa_heads import (  # noqa: F401  (the heads API, re-exported)

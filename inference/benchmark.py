@@ -34,8 +34,9 @@ from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.arguments import ArgumentParser, add_model_args, positive_int
 from inference.runtime.calibration import CANDIDATE_DTYPES, copy_fits, hardware_description, model_in_dtype
 from inference.runtime.chat import prompt_ids, read_prompts
+from inference.runtime.console import to_stderr
 from inference.runtime.devices import dtype_name, parse_dtype, resolve_device, set_threads, synchronize
-from inference.runtime.errors import UserError, run_command, to_stderr
+from inference.runtime.errors import UserError, run_command
 from inference.runtime.outputs import check_output_file, replace_atomic, write_atomic
 from medusa_model import MedusaModel
 

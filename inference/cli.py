@@ -12,6 +12,7 @@ from inference.engine.decoding import DecodeRequest, DecodeStats, eos_ids
 from inference.engine.sampling import Sampling
 from inference.runtime.arguments import ArgumentParser, add_model_args, non_negative_float, positive_int, probability
 from inference.runtime.chat import IncrementalText, display_text, prompt_ids, read_prompts, stream_filter
+from inference.runtime.console import end_line, stream_text, to_stderr
 from inference.runtime.devices import parse_dtype, resolve_device, set_threads
 from inference.runtime.errors import run_command
 from inference.runtime.loading import is_pangu
@@ -69,13 +70,12 @@ class Session:
             for step in self.decode(request, stats):
                 new_ids.extend(step)
                 if stream:
-                    print(stream_filter(text.push(step), self.pangu), end="", flush=True)
+                    stream_text(stream_filter(text.push(step), self.pangu))
         except KeyboardInterrupt:
             if not stream:
                 raise
-            print("\n[interrupted]", file=sys.stderr)
-        if stream:
-            print(flush=True)
+            to_stderr("[interrupted]")
+        end_line()
         thinking, answer = display_text(self.tokenizer, new_ids, self.pangu)
         record = {"text": answer, "token_ids": new_ids, **stats.to_dict(), **self.extra_fields(stats)}
         if thinking is not None:
@@ -137,7 +137,7 @@ def run_interactive(session: Session) -> None:
             print("(history cleared)", file=sys.stderr)
             continue
         messages.append({"role": "user", "content": user})
-        print("Assistant: ", end="", flush=True)
+        stream_text("Assistant: ")
         record = session.reply(messages, stream=True)
         messages.append({"role": "assistant", "content": record["text"]})
         _print_record(record, session, streamed=True)

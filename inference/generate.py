@@ -12,7 +12,7 @@ from inference.cli import Session, base_parser, run_cli
 from inference.engine.plain_decoding import PlainDecoder
 from inference.runtime.calibration import graph_profile, step_profile
 from inference.runtime.devices import AUTO, dtype_name
-from inference.runtime.errors import to_stderr
+from inference.runtime.console import to_stderr
 from inference.runtime.home import use_compile_cache
 from inference.runtime.loading import load_base
 from inference.runtime.runtime_choice import fastest_plain_dtype

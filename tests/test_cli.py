@@ -1,12 +1,17 @@
 """The command lines: JSON output, prompt files, and one clear error line (no traceback) on bad input."""
 
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from inference import generate, medusa_generate
+from inference.engine.plain_decoding import PlainDecoder
+from inference.runtime.console import to_stderr
 from medusa_helpers import random_heads, upper_half_vocab
 from medusa_model import save_heads
 
@@ -63,6 +68,41 @@ def test_stream_prints_the_same_text(tiny_pangu, capsys):
     _, streamed, _ = run(generate.main, argv + ["--stream"], capsys)
     _, printed, _ = run(generate.main, argv, capsys)
     assert streamed.strip() == printed.strip()
+
+
+def test_a_notice_while_an_answer_streams_starts_a_line_of_its_own(tiny_pangu, monkeypatch):
+    """Both streams on one terminal: a notice from inside the decode (a compile, the schedule switching sizes) does
+    not land inside the streamed sentence."""
+    notice = "Compiling the plain step"
+
+    class NoticeAfterEveryStep(PlainDecoder):
+        def decode(self, request, stats=None):
+            for step in super().decode(request, stats):
+                yield step
+                to_stderr(notice)
+
+    monkeypatch.setattr(generate, "PlainDecoder", NoticeAfterEveryStep)
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert generate.main(["--base_model", str(tiny_pangu[0]), "--prompt", "hello", "--max_new_tokens", "16",
+                          "--dtype", "fp32", "--compile", "off", "--stream"]) == 0
+    lines = terminal.getvalue().splitlines()
+    assert lines.count(notice) >= 2 and all(line == notice for line in lines if notice in line)
+    assert lines[-1].startswith("[")  # the rate, on a line of its own after the answer
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`generate.py --json ... | head -1`: the closed pipe is a quiet stop with the status a shell gives, not a
+    traceback."""
+    writes_forever = ("import sys; from inference.runtime.errors import run_command; "
+                      "sys.exit(run_command(lambda: [print('x' * 80, flush=True) for _ in range(10**7)]))")
+    process = subprocess.Popen([sys.executable, "-c", writes_forever], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=Path(__file__).parents[1])
+    process.stdout.read(100)
+    process.stdout.close()
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141 and errors == ""
 
 
 def test_interactive_chat_clears_history_and_exits_on_eof(tiny_pangu, capsys, monkeypatch):

@@ -33,8 +33,9 @@ from inference.engine.decoding import DecodeRequest
 from inference.engine.host_memory import free_host_memory
 from inference.engine.medusa_decoding import MedusaDecoder
 from inference.engine.plain_decoding import PlainDecoder
+from inference.runtime.console import to_stderr
 from inference.runtime.devices import DTYPES, dtype_name, synchronize
-from inference.runtime.errors import UserError, to_stderr
+from inference.runtime.errors import UserError
 from inference.runtime.home import cache_home
 from inference.runtime.outputs import check_writable, exclusive, write_atomic
 from medusa_choices import DynamicTree, Tree, mc_sim_7b_63

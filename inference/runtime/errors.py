@@ -4,6 +4,7 @@ The library raises plain `ValueError`s (MedusaLoadError, TreeError and UserError
 messages that say what is wrong; the entry points turn any of them into an `error:` line.
 """
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -18,14 +19,9 @@ def first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [""])[0]
 
 
-def to_stderr(line: str) -> None:
-    """Where one-line notices go by default (progress, choices, compiling)."""
-    print(line, file=sys.stderr)
-
-
 def run_command(body: Callable[[], None], interrupted: str = "interrupted") -> int:
     """Exit status of a command-line entry point: bad input is one `error:` line and status 2, Ctrl-C a
-    short note and 130."""
+    short note and 130, a reader of stdout that went away (`| head`) a quiet stop with 141, as a shell's SIGPIPE."""
     try:
         body()
     except ValueError as error:
@@ -34,4 +30,18 @@ def run_command(body: Callable[[], None], interrupted: str = "interrupted") -> i
     except KeyboardInterrupt:
         print(f"\n{interrupted}", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _discard_stdout()
+        return 141
     return 0
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that flushing it at exit does not fail on the closed pipe again."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture): nothing is flushed to a pipe
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, descriptor)
+    os.close(null)

@@ -33,7 +33,7 @@ def build_parser():
                         "calibrated step costs; plain decoding if no tree pays), heads (the tree saved with the "
                         f"heads), one of {', '.join(NAMED_TREES)}, a JSON file from train/medusa_tree_builder.py, or "
                         "dynamic[:N][:lookup=K][:levels=L]: N nodes (default 16) chosen at every step from the "
-                        "heads' probabilities, drafted L levels deep at most (default: one per head), and up to K "
+                        "heads' probabilities, drafted L levels deep at most (default one per head), and up to K "
                         f"(default {DEFAULT_LOOKUP}, 0: none) tokens that followed the text's last tokens where they "
                         "occurred before; auto uses dynamic trees with lookup for heads that propose after "
                         "verification, as many levels deep as the best fixed tree of their size")

@@ -221,6 +221,21 @@ def test_a_bad_argument_is_one_error_line_without_a_usage_block(capsys, module, 
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
 
 
+COMMANDS = ["inference.generate", "inference.medusa_generate", "inference.benchmark", "inference.eval_prompts",
+            "inference.convert_medusa", "train.gen_distill_data", "train.train_medusa", "train.train_feature_drafter",
+            "train.medusa_tree_builder", "train.export_checkpoint", "train.draft_vocab", "train.lookup_accuracy"]
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_names_each_default_once(capsys, module):
+    with pytest.raises(SystemExit):
+        command(module)(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for option in text.split(" --")[1:]:
+        assert option.lower().count("default:") <= 1, option
+
+
 def bad_heads(tmp_path, model, case: str) -> str:
     """A heads directory broken in one way."""
     heads = tmp_path / "heads"

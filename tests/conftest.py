@@ -11,6 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 torch.set_num_threads(2)
 # Compiling a step costs seconds even for the tiny models: only the tests of graph mode ask for it.
 os.environ["OPENPANGU_MEDUSA_COMPILE"] = "off"
+# Where the decoding tests that take `pangu_on_device` run (tests/gpu/check.sh sets cuda); the rest run on the CPU.
+TEST_DEVICE = torch.device(os.environ.get("OPENPANGU_MEDUSA_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +23,19 @@ def tiny_pangu(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny_pangu")
     model = write_tiny_pangu(directory)
     return directory, model
+
+
+@pytest.fixture(scope="session")
+def pangu_on_device(tiny_pangu):
+    """The tiny OpenPangu model (fp32) on the test device: the CPU's copy itself, else a copy moved there."""
+    import copy
+
+    from inference.runtime.devices import resolve_device
+
+    model = tiny_pangu[1]
+    if TEST_DEVICE.type == "cpu":
+        return model
+    return copy.deepcopy(model).to(resolve_device(str(TEST_DEVICE)))  # one clear line where it is not there
 
 
 @pytest.fixture(scope="session")

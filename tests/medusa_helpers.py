@@ -19,7 +19,7 @@ def random_prompts(vocab_size: int, count: int = 8, seed: int = 0) -> list[list[
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+        torch.tensor([prompt], device=model.device), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
         eos_token_id=None, pad_token_id=0,
     )
     return out[0, len(prompt):].tolist()
@@ -39,7 +39,7 @@ def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, la
         drafter = new_feature_drafter(model, num_heads, draft_vocab=draft_vocab, aux_layers=aux_layers)
         for name, p in drafter.named_parameters():
             torch.nn.init.normal_(p, mean=1.0 if name.endswith("layernorm.weight") else 0.0, std=std)
-        return drafter.to(model.dtype)
+        return drafter.to(device=model.device, dtype=model.dtype)
     config = MedusaConfig(num_heads, 1, layout, c.hidden_size, c.vocab_size, medusa_head_input=head_input,
                           medusa_draft_vocab_size=len(draft_vocab) if draft_vocab else None)
     heads = MedusaHeads(config, c.hidden_size, c.vocab_size)
@@ -47,7 +47,7 @@ def random_heads(model, num_heads: int = 4, seed: int = 0, std: float = 0.05, la
         torch.nn.init.normal_(p, std=std)
     if draft_vocab:
         heads.draft_vocab.copy_(torch.tensor(draft_vocab))
-    return heads.to(model.dtype)
+    return heads.to(device=model.device, dtype=model.dtype)
 
 
 def upper_half_vocab(model) -> list[int]:
@@ -57,7 +57,7 @@ def upper_half_vocab(model) -> list[int]:
 
 @torch.no_grad()
 def _hidden_states(model, sequence: list[int]) -> torch.Tensor:
-    return model.model(input_ids=torch.tensor([sequence])).last_hidden_state[0]
+    return model.model(input_ids=torch.tensor([sequence], device=model.device)).last_hidden_state[0]
 
 
 def fit_heads(model, prompts: list[list[int]], max_new_tokens: int, num_heads: int = 4, steps: int = 300,
@@ -67,7 +67,7 @@ def fit_heads(model, prompts: list[list[int]], max_new_tokens: int, num_heads: i
     torch.manual_seed(seed)
     c = model.config
     config = MedusaConfig(num_heads, 1, "own_lm_head", c.hidden_size, c.vocab_size, medusa_head_input=head_input)
-    heads = MedusaHeads(config, c.hidden_size, c.vocab_size)
+    heads = MedusaHeads(config, c.hidden_size, c.vocab_size).to(model.device)
     heads.init_from_lm_head(model.lm_head)
     inputs, targets, following = [], [], []
     for prompt in prompts:
@@ -77,9 +77,9 @@ def fit_heads(model, prompts: list[list[int]], max_new_tokens: int, num_heads: i
             inputs.append(hidden[t])
             targets.append([sequence[t + 2 + i] if t + 2 + i < len(sequence) else -100 for i in range(num_heads)])
             following.append([sequence[t + 1 + i] if t + 1 + i < len(sequence) else 0 for i in range(num_heads)])
-    x, y = torch.stack(inputs), torch.tensor(targets)
+    x, y = torch.stack(inputs), torch.tensor(targets, device=model.device)
     with torch.no_grad():
-        embeds = heads.token_embeds(model.get_input_embeddings(), torch.tensor(following))
+        embeds = heads.token_embeds(model.get_input_embeddings(), torch.tensor(following, device=model.device))
     optimizer = torch.optim.Adam(heads.parameters(), lr=3e-3)
     for _ in range(steps):
         logits = heads(x, model.lm_head, token_embeds=embeds)  # [heads, N, V]

@@ -18,6 +18,7 @@ from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
 from inference.engine.plain_decoding import PlainDecoder
 from medusa_choices import DynamicTree, load_tree
 from medusa_helpers import hf_greedy, random_heads, random_prompts
+from conftest import TEST_DEVICE
 from test_hidden_syncs import hidden_syncs_after_prefill
 from test_medusa_sampling import (LENGTH, PROMPT, SAMPLING, chi_square_rejects, exact_distribution,
                                   tiny_vocab_model)
@@ -33,13 +34,13 @@ def ids(steps) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny_pangu):
+def prompts(pangu_on_device):
     # repeated text, so that context lookup guesses
-    return [p * 3 for p in random_prompts(tiny_pangu[1].config.vocab_size, count=2, seed=5)]
+    return [p * 3 for p in random_prompts(pangu_on_device.config.vocab_size, count=2, seed=5)]
 
 
-def test_a_captured_plain_decode_equals_hf_greedy_and_recompiles_nothing_after_warm_up(tiny_pangu, prompts):
-    model = tiny_pangu[1]
+def test_a_captured_plain_decode_equals_hf_greedy_and_recompiles_nothing_after_warm_up(pangu_on_device, prompts):
+    model = pangu_on_device
     decoder = PlainDecoder(model, compile=True)
     stats, first = DecodeStats(), graphs_compiled()
     assert ids(decoder.decode(DecodeRequest(prompts[0], 8), stats)) == hf_greedy(model, prompts[0], 8)
@@ -50,9 +51,9 @@ def test_a_captured_plain_decode_equals_hf_greedy_and_recompiles_nothing_after_w
 
 
 @pytest.mark.parametrize("head_input,tree,accepts", CASES)
-def test_captured_medusa_steps_give_the_eager_tokens_and_recompile_nothing_over_128_tokens(tiny_pangu, prompts,
-                                                                                          head_input, tree, accepts):
-    model = tiny_pangu[1]
+def test_captured_medusa_steps_give_the_eager_tokens_and_recompile_nothing_over_128_tokens(
+        pangu_on_device, prompts, head_input, tree, accepts):
+    model = pangu_on_device
     heads = random_heads(model, head_input=head_input, std=0.3)
     eager, captured = MedusaDecoder(model, heads), MedusaDecoder(model, heads, compile=True)
     warm, first = DecodeStats(), graphs_compiled()
@@ -68,7 +69,7 @@ def test_captured_medusa_steps_give_the_eager_tokens_and_recompile_nothing_over_
 
 
 def test_captured_sampling_is_distributed_as_plain_sampling():
-    model = tiny_vocab_model()
+    model = tiny_vocab_model().to(TEST_DEVICE)
     expected = exact_distribution(model)
     decoder = MedusaDecoder(model, random_heads(model, num_heads=2, std=0.5, head_input="hidden_and_path"),
                             compile=True)
@@ -82,8 +83,8 @@ def test_captured_sampling_is_distributed_as_plain_sampling():
     assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: captured Medusa sampling is not lossless"
 
 
-def test_captured_steps_make_no_hidden_sync(tiny_pangu, prompts):
-    model = tiny_pangu[1]
+def test_captured_steps_make_no_hidden_sync(pangu_on_device, prompts):
+    model = pangu_on_device
     plain = PlainDecoder(model, compile=True)
     medusa = MedusaDecoder(model, random_heads(model, head_input="hidden_and_path", std=0.3), compile=True)
     tree = load_tree("dynamic:16")

@@ -42,8 +42,8 @@ def test_the_profiler_sees_a_hidden_sync():
                                                    ("hidden_and_path", True, "mc_sim_7b_63"),
                                                    ("hidden_and_path", True, "dynamic:16"),
                                                    ("features", True, "dynamic:16")])
-def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input, draft, tree):
-    model = tiny_pangu[1]
+def test_medusa_steps_make_no_hidden_sync(pangu_on_device, rule, sampling, head_input, draft, tree):
+    model = pangu_on_device
     draft_vocab = upper_half_vocab(model) if draft else None
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input, draft_vocab=draft_vocab))
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
@@ -54,8 +54,8 @@ def test_medusa_steps_make_no_hidden_sync(tiny_pangu, rule, sampling, head_input
 
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED])
 @pytest.mark.parametrize("head_input", ["hidden_and_path", "features"])
-def test_steps_a_schedule_switches_between_make_no_hidden_sync(tiny_pangu, sampling, head_input):
-    model = tiny_pangu[1]
+def test_steps_a_schedule_switches_between_make_no_hidden_sync(pangu_on_device, sampling, head_input):
+    model = pangu_on_device
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     fixed = [load_tree("mc_sim_7b_63")] if head_input != "features" else []  # the feature drafter drafts dynamic trees
@@ -66,15 +66,15 @@ def test_steps_a_schedule_switches_between_make_no_hidden_sync(tiny_pangu, sampl
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLED])
-def test_plain_steps_make_no_hidden_sync(tiny_pangu, sampling):
-    model = tiny_pangu[1]
+def test_plain_steps_make_no_hidden_sync(pangu_on_device, sampling):
+    model = pangu_on_device
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     syncs, steps = hidden_syncs_after_prefill(plain_decode(model, DecodeRequest(prompt, 20, (), sampling, seed=0)))
     assert steps == 19 and syncs == 0
 
 
-def test_the_kv_keep_has_the_same_shape_whatever_is_accepted(tiny_pangu, monkeypatch):
-    model = tiny_pangu[1]
+def test_the_kv_keep_has_the_same_shape_whatever_is_accepted(pangu_on_device, monkeypatch):
+    model = pangu_on_device
     widths = []
     real_keep = StaticCache.keep
 
@@ -115,8 +115,9 @@ class TransferCounter:
                                                            ("sample", SAMPLED, "hidden_and_path", "switching"),
                                                            ("sample", SAMPLED, "features", "dynamic:16"),
                                                            ("greedy", Sampling(), "features", "switching")])
-def test_each_medusa_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch, rule, sampling, head_input, tree):
-    model = tiny_pangu[1]
+def test_each_medusa_step_reads_the_device_exactly_once(pangu_on_device, monkeypatch, rule, sampling, head_input,
+                                                        tree):
+    model = pangu_on_device
     decoder = MedusaDecoder(model, random_heads(model, head_input=head_input))
     prompt = random_prompts(model.config.vocab_size, count=1)[0] * 3  # repeated text, so context lookup guesses
     other = load_tree("dynamic:8" if head_input == "features" else "tree_16")
@@ -126,8 +127,8 @@ def test_each_medusa_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch,
     assert steps > 5 and transfers.counts == {"tolist": steps, "item": 0, "cpu": 0, "numpy": 0}  # prefill included
 
 
-def test_each_plain_step_reads_the_device_exactly_once(tiny_pangu, monkeypatch):
-    model = tiny_pangu[1]
+def test_each_plain_step_reads_the_device_exactly_once(pangu_on_device, monkeypatch):
+    model = pangu_on_device
     prompt = random_prompts(model.config.vocab_size, count=1)[0]
     transfers = TransferCounter(monkeypatch)
     steps = len(list(plain_decode(model, DecodeRequest(prompt, 20, (), SAMPLED, seed=0))))

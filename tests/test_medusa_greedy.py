@@ -21,8 +21,8 @@ MIN_TOKENS_PER_STEP = {"mc_sim_7b_63": 4.4, "chain_4": 4.1, "tree_16": 3.5, "dyn
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_pangu):
-    model = tiny_pangu[1]
+def tiny(pangu_on_device):
+    model = pangu_on_device
     prompts = random_prompts(model.config.vocab_size)
     references = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
     return model, prompts, references
@@ -102,7 +102,7 @@ def test_next_token_heads_read_the_token_the_base_model_just_chose(tiny):
     heads.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["token_embeds"]), with_kwargs=True)
     steps = list(MedusaDecoder(model, heads).decode(DecodeRequest(prompts[0], NEW_TOKENS), load_tree("tree_16")))
     assert [t for step in steps for t in step] == references[0]
-    chosen = torch.tensor([step[-1] for step in steps[:-1]])  # after the last step no proposals are needed
+    chosen = torch.tensor([step[-1] for step in steps[:-1]], device=model.device)  # none proposed after the last step
     assert len(seen) == len(chosen) > 10
     assert torch.equal(torch.cat(seen)[:, 0], model.get_input_embeddings()(chosen))
 
@@ -113,7 +113,7 @@ def reference_draft(heads, embeddings, lm_head, hidden, root: int, tree) -> list
     token_of = {(): root}
     for path in validate_tree(tree):
         parent = tuple(path[:-1])
-        read = embeddings(torch.tensor([[token_of[parent[:j]] for j in range(len(path))]]))
+        read = embeddings(torch.tensor([[token_of[parent[:j]] for j in range(len(path))]], device=hidden.device))
         logits = heads.project(heads.head_state(len(path) - 1, hidden, read), lm_head)
         token_of[tuple(path)] = heads.token_ids(logits.topk(path[-1] + 1, dim=-1).indices)[0, path[-1]].item()
     return [token_of[()]] + [token_of[tuple(p)] for p in validate_tree(tree)]
@@ -125,7 +125,8 @@ def test_sequential_heads_draft_each_node_from_the_tokens_on_its_path(tiny, tree
     model = tiny[0]
     heads = random_heads(model, head_input="hidden_and_path", draft_vocab=upper_half_vocab(model) if draft else None)
     decoder = MedusaDecoder(model, heads)
-    hidden, root = torch.randn(1, model.config.hidden_size), torch.tensor([5])
+    hidden = torch.randn(1, model.config.hidden_size, device=model.device)
+    root = torch.tensor([5], device=model.device)
     with torch.no_grad():
         drafted = decoder.drafter(load_tree(tree)).from_hidden(root, hidden).tokens.tolist()
         expected = reference_draft(heads, model.get_input_embeddings(), decoder.proposal_lm_head(), hidden, 5,

@@ -33,7 +33,7 @@ def exact_distribution(model) -> dict[tuple, float]:
     """P(continuation) under plain sampling, by enumerating every continuation of LENGTH tokens."""
     result = {}
     for continuation in itertools.product(range(VOCAB), repeat=LENGTH):
-        logits = model(torch.tensor([PROMPT + list(continuation[:-1])])).logits[0, len(PROMPT) - 1 :]
+        logits = model(torch.tensor([PROMPT + list(continuation[:-1])], device=model.device)).logits[0, len(PROMPT) - 1 :]
         probs = probabilities(logits, SAMPLING)
         result[continuation] = math.prod(probs[i, t].item() for i, t in enumerate(continuation))
     return result

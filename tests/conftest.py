@@ -11,8 +11,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 torch.set_num_threads(2)
 # Compiling a step costs seconds even for the tiny models: only the tests of graph mode ask for it.
 os.environ["OPENPANGU_MEDUSA_COMPILE"] = "off"
-# Where the decoding tests that take `pangu_on_device` run (tests/gpu/check.sh sets cuda); the rest run on the CPU.
-TEST_DEVICE = torch.device(os.environ.get("OPENPANGU_MEDUSA_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +29,7 @@ def pangu_on_device(tiny_pangu):
     import copy
 
     from inference.runtime.devices import resolve_device
+    from medusa_helpers import TEST_DEVICE
 
     model = tiny_pangu[1]
     if TEST_DEVICE.type == "cpu":

@@ -1,5 +1,6 @@
 """Shared pieces of the Medusa tests: prompts, references and heads fitted to a model's own outputs."""
 
+import os
 import random
 
 import torch
@@ -9,6 +10,10 @@ from inference.engine.plain_decoding import plain_decode
 from inference.engine.step_schedule import FixedSchedule, StepOption
 from inference.runtime.feature_drafter import new_feature_drafter
 from medusa_model import MedusaConfig, MedusaHeads
+
+# Where the decoding tests that take the `pangu_on_device` fixture run (OPENPANGU_MEDUSA_TEST_DEVICE=cuda for a GPU
+# check); every other test runs on the CPU.
+TEST_DEVICE = torch.device(os.environ.get("OPENPANGU_MEDUSA_TEST_DEVICE", "cpu"))
 
 
 def random_prompts(vocab_size: int, count: int = 8, seed: int = 0) -> list[list[int]]:

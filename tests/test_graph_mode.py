@@ -17,8 +17,7 @@ from inference.engine.decoding import DecodeRequest, DecodeStats
 from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
 from inference.engine.plain_decoding import PlainDecoder
 from medusa_choices import DynamicTree, load_tree
-from medusa_helpers import hf_greedy, random_heads, random_prompts
-from conftest import TEST_DEVICE
+from medusa_helpers import TEST_DEVICE, hf_greedy, random_heads, random_prompts
 from test_hidden_syncs import hidden_syncs_after_prefill
 from test_medusa_sampling import (LENGTH, PROMPT, SAMPLING, chi_square_rejects, exact_distribution,
                                   tiny_vocab_model)

@@ -66,15 +66,24 @@ class Session:
         stats = DecodeStats()
         text = IncrementalText(self.tokenizer, skip_special_tokens=not self.pangu)
         new_ids: list[int] = []
+        held = None  # the prefill's token, shown with the first step's: that step may compile and say so first
         try:
             for step in self.decode(request, stats):
                 new_ids.extend(step)
                 if stream:
-                    stream_text(stream_filter(text.push(step), self.pangu))
+                    shown = stream_filter(text.push(step), self.pangu)
+                    if held is None:
+                        held = shown
+                        continue
+                    stream_text(held + shown)
+                    held = ""
         except KeyboardInterrupt:
             if not stream:
                 raise
+            stream_text(held or "")
+            held = ""
             to_stderr("[interrupted]")
+        stream_text(held or "")
         end_line()
         thinking, answer = display_text(self.tokenizer, new_ids, self.pangu)
         record = {"text": answer, "token_ids": new_ids, **stats.to_dict(), **self.extra_fields(stats)}

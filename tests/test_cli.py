@@ -92,6 +92,39 @@ def test_a_notice_while_an_answer_streams_starts_a_line_of_its_own(tiny_pangu, m
     assert lines[-1].startswith("[")  # the rate, on a line of its own after the answer
 
 
+def test_a_compile_at_the_first_step_is_said_before_the_answer_starts(tiny_pangu, monkeypatch):
+    """A captured step compiles at its first call, after the prefill's token: that token waits for the first step's,
+    so the notice does not split the answer's first line."""
+    notice = "Compiling the plain step"
+
+    class CompilesAtTheFirstStep(PlainDecoder):
+        def decode(self, request, stats=None):
+            steps = super().decode(request, stats)
+            yield next(steps)
+            to_stderr(notice)
+            yield from steps
+
+    class Stdout:
+        """Writes to the shared terminal, noting where the answer's first character landed."""
+        first = None
+
+        def write(self, text):
+            if text and self.first is None:
+                self.first = terminal.tell()
+            return terminal.write(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(generate, "PlainDecoder", CompilesAtTheFirstStep)
+    terminal, stdout = io.StringIO(), Stdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert generate.main(["--base_model", str(tiny_pangu[0]), "--prompt", "hello", "--max_new_tokens", "16",
+                          "--dtype", "fp32", "--compile", "off", "--stream"]) == 0
+    assert stdout.first is not None and terminal.getvalue().index(notice) < stdout.first
+
+
 def test_a_reader_that_stops_early_ends_the_command_quietly():
     """`generate.py --json ... | head -1`: the closed pipe is a quiet stop with the status a shell gives, not a
     traceback."""

@@ -67,6 +67,7 @@ class Session:
         text = IncrementalText(self.tokenizer, skip_special_tokens=not self.pangu)
         new_ids: list[int] = []
         held = None  # the prefill's token, shown with the first step's: that step may compile and say so first
+        interrupted = False
         try:
             for step in self.decode(request, stats):
                 new_ids.extend(step)
@@ -80,10 +81,10 @@ class Session:
         except KeyboardInterrupt:
             if not stream:
                 raise
-            stream_text(held or "")
-            held = ""
-            to_stderr("[interrupted]")
+            interrupted = True
         stream_text(held or "")
+        if interrupted:
+            to_stderr("[interrupted]")
         end_line()
         thinking, answer = display_text(self.tokenizer, new_ids, self.pangu)
         record = {"text": answer, "token_ids": new_ids, **stats.to_dict(), **self.extra_fields(stats)}

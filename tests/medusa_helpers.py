@@ -24,8 +24,8 @@ def random_prompts(vocab_size: int, count: int = 8, seed: int = 0) -> list[list[
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(
-        torch.tensor([prompt], device=model.device), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=None, pad_token_id=0,
+        torch.tensor([prompt], device=model.device), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+        do_sample=False, eos_token_id=None, pad_token_id=0,
     )
     return out[0, len(prompt):].tolist()
 

@@ -14,8 +14,10 @@ import torch
 from inference.engine import graph_mode
 from inference.engine.graph_mode import graphs_compiled
 from inference.engine.decoding import DecodeRequest, DecodeStats
+from inference.engine.feature_drafting import FeatureTreeDrafter
 from inference.engine.medusa_decoding import Acceptance, MedusaDecoder
 from inference.engine.plain_decoding import PlainDecoder
+from inference.engine.step_schedule import AdaptiveSchedule, StepOption
 from medusa_choices import DynamicTree, load_tree
 from medusa_helpers import TEST_DEVICE, hf_greedy, random_heads, random_prompts
 from test_hidden_syncs import hidden_syncs_after_prefill
@@ -65,6 +67,46 @@ def test_captured_medusa_steps_give_the_eager_tokens_and_recompile_nothing_over_
     assert out == ids(eager.decode(request, load_tree(tree), stats=eager_stats)) == hf_greedy(model, prompts[1], 128)
     assert graphs_compiled() == before and stats.compile_seconds == 0
     assert stats.accept_lengths == eager_stats.accept_lengths and (stats.tokens_per_step > 1) == accepts
+
+
+class PlainThirdAndFourthSteps(AdaptiveSchedule):
+    """A schedule of tree steps but the third and fourth, which are plain."""
+
+    def __init__(self, tree):
+        super().__init__([StepOption(tree, 2.0, 1.0), StepOption(None, 1.0, 1.0)], costs_realised=True)
+        self.steps = 0
+
+    def _choose(self, stats, expected):
+        self.steps += 1
+        return 1 if self.steps in (3, 4) else 0
+
+
+@pytest.mark.parametrize("head_input,tree", [("hidden", "mc_sim_7b_63"), ("features", "dynamic:16")])
+def test_a_schedules_plain_step_compiles_before_the_answer_starts_and_changes_no_token_or_draft(
+        pangu_on_device, prompts, head_input, tree, monkeypatch):
+    model = pangu_on_device
+    drafted_from = []  # the feature drafter's state wherever a tree step drafts from it (after the prompt, a plain step)
+    carried = FeatureTreeDrafter.carried
+
+    def recording(drafter, carry):
+        drafted_from.append(drafter.cache.state.clone())
+        return carried(drafter, carry)
+
+    monkeypatch.setattr(FeatureTreeDrafter, "carried", recording)
+    heads = random_heads(model, head_input=head_input, std=0.3)
+    captured, eager = MedusaDecoder(model, heads, compile=True), MedusaDecoder(model, heads)
+    request, stats, steps = DecodeRequest(prompts[0], 32), DecodeStats(), []
+    for step in captured.decode(request, PlainThirdAndFourthSteps(load_tree(tree)), stats=stats):
+        steps.append(step)
+        if len(steps) == 2:  # the prefill's token, then the first step's: every graph is compiled by now
+            compiled = graphs_compiled()
+    assert stats.step_sizes[1] == 2 and graphs_compiled() == compiled
+    captured_states, drafted_from[:] = drafted_from[:], []
+    assert steps == list(eager.decode(request, PlainThirdAndFourthSteps(load_tree(tree))))
+    assert ids(steps) == hf_greedy(model, prompts[0], 32)
+    assert len(captured_states) == len(drafted_from) == (2 if head_input == "features" else 0)
+    for state, eager_state in zip(captured_states, drafted_from):  # the compiling plain step left no trace
+        torch.testing.assert_close(state, eager_state, atol=1e-3, rtol=1e-3)  # captured against eager arithmetic
 
 
 def test_captured_sampling_is_distributed_as_plain_sampling():

@@ -224,6 +224,11 @@ class DynamicTreeDrafter:
 Drafter = FixedTreeDrafter | DynamicTreeDrafter | FeatureTreeDrafter
 
 
+def _plain_key(cache: StaticCache, sampling: Sampling, follower: FeatureTreeDrafter | None) -> tuple:
+    """What a captured plain step's graph depends on."""
+    return cache.capacity, sampling, follower is not None
+
+
 class MedusaDecoder:
     """Verifies Medusa proposals for one base model + heads, eager or with the step captured (`compile`);
     tree buffers and drafters are built once per tree, the cache once per capacity."""
@@ -377,9 +382,7 @@ class MedusaDecoder:
         trees) the probabilities of the next step's candidates, highest first, all read in the step's one
         device-to-host transfer."""
         if tree is None:
-            token, carry = self.plain_step((cache.capacity, sampling, follower is not None),
-                                           f"plain, capacity {cache.capacity}", stats, sampling, cache, carry, race,
-                                           follower)
+            token, carry = self._plain(sampling, cache, carry, race, stats, follower)
             self._captured_phase(stats)
             return token.tolist(), carry, None
         key = (cache.capacity, repr(tree), sampling, acceptance)
@@ -391,6 +394,27 @@ class MedusaDecoder:
         count, depth = int(packed[0]), drafter.depth
         tokens = [int(t) for t in packed[1 : 1 + count] + [packed[1 + depth + count]]]
         return tokens, carry, packed[2 + 2 * depth :] if isinstance(tree, DynamicTree) else None
+
+    def _plain(self, sampling: Sampling, cache: StaticCache, carry: Carry, race: torch.Tensor | None,
+               stats: DecodeStats, follower: FeatureTreeDrafter | None) -> tuple[torch.Tensor, Carry]:
+        """A plain step, captured or eager."""
+        return self.plain_step(_plain_key(cache, sampling, follower), f"plain, capacity {cache.capacity}", stats,
+                               sampling, cache, carry, race, follower)
+
+    def _compile_plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry, stats: DecodeStats,
+                            follower: FeatureTreeDrafter | None) -> None:
+        """Compile a schedule's plain step before the request's first step, not when the schedule first picks one
+        (a stall of up to a minute in the middle of an answer). The step runs once and what it returns is dropped:
+        it writes the cache slot at `carry.length`, which the first real step writes again, the feature drafter's
+        state is put back, and its noise comes from a generator of its own, so the request's draws are unchanged."""
+        if not self.plain_step.captured or _plain_key(cache, sampling, follower) in self.plain_step.compiled:
+            return
+        device, vocab = self.base_model.device, self.base_model.lm_head.weight.shape[0]
+        race = exponential_race(1, vocab, sampling, torch.Generator(device=device), device)
+        state = None if follower is None else follower.cache.state.clone()
+        self._plain(sampling, cache, carry, race, stats, follower)
+        if state is not None:
+            follower.cache.state.copy_(state)
 
     def _captured_phase(self, stats: DecodeStats) -> None:
         """A captured step is one graph: its phases cannot be told apart, so its time is one phase."""
@@ -430,6 +454,8 @@ class MedusaDecoder:
             scratch = max(d.scratch for d in drafters if isinstance(d, FeatureTreeDrafter))
             follower.start(cache.capacity, scratch, prompt_states, request.input_ids, root)
         carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
+        if any(o.tree is None for o in options):
+            self._compile_plain_step(sampling, cache, carry, stats, follower)
         carried = NOTHING_CARRIED  # the carry_kind of what `carry.drafted` holds
         probabilities = None  # of the next step's candidates, where the last step scored them
         clock = stats.phases or NO_CLOCK

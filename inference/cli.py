@@ -101,7 +101,10 @@ def _print_record(record: dict, session: Session, streamed: bool) -> None:
         if record.get("thinking"):
             print(f"<think>\n{record['thinking']}\n</think>")
         print(record["text"], flush=True)
-    line = f"[{record['new_tokens']} tokens in {record['seconds']:.2f} s, {record['tokens_per_second']:.1f} tok/s"
+    line = f"[{record['new_tokens']} tokens in {record['seconds']:.2f} s"
+    if record.get("compile_seconds"):
+        line += f" ({record['compile_seconds']:.1f} s of it compiling, left out of the rate)"
+    line += f", {record['tokens_per_second']:.1f} tok/s"
     if "tree_tokens" in record:
         line += f", {record['tokens_per_step']:.2f} tokens/step"
     print(line + "]", file=sys.stderr)

@@ -125,6 +125,23 @@ def test_a_compile_at_the_first_step_is_said_before_the_answer_starts(tiny_pangu
     assert stdout.first is not None and terminal.getvalue().index(notice) < stdout.first
 
 
+def test_the_summary_line_says_how_much_of_the_time_compiled_and_that_the_rate_leaves_it_out(tiny_pangu, capsys,
+                                                                                              monkeypatch):
+    class CompilesForTwoSeconds(PlainDecoder):
+        def decode(self, request, stats=None):
+            steps = super().decode(request, stats)
+            yield next(steps)
+            stats.compile_seconds += 2.0
+            yield from steps
+
+    argv = ["--base_model", str(tiny_pangu[0]), "--prompt", "hello", "--max_new_tokens", "4", "--dtype", "fp32",
+            "--compile", "off"]
+    _, _, eager = run(generate.main, argv, capsys)
+    monkeypatch.setattr(generate, "PlainDecoder", CompilesForTwoSeconds)
+    _, _, compiled = run(generate.main, argv, capsys)
+    assert "compiling" not in eager and "(2.0 s of it compiling, left out of the rate), " in compiled
+
+
 def test_a_reader_that_stops_early_ends_the_command_quietly():
     """`generate.py --json ... | head -1`: the closed pipe is a quiet stop with the status a shell gives, not a
     traceback."""

@@ -403,7 +403,7 @@ class MedusaDecoder:
 
     def _compile_plain_step(self, sampling: Sampling, cache: StaticCache, carry: Carry, stats: DecodeStats,
                             follower: FeatureTreeDrafter | None) -> None:
-        """Compile a schedule's plain step before the request's first step, not when the schedule first picks one
+        """Compile a schedule's plain step with the request's first step, not when the schedule first picks one
         (a stall of up to a minute in the middle of an answer). The step runs once and what it returns is dropped:
         it writes the cache slot at `carry.length`, which the first real step writes again, the feature drafter's
         state is put back, and its noise comes from a generator of its own, so the request's draws are unchanged."""
@@ -454,8 +454,7 @@ class MedusaDecoder:
             scratch = max(d.scratch for d in drafters if isinstance(d, FeatureTreeDrafter))
             follower.start(cache.capacity, scratch, prompt_states, request.input_ids, root)
         carry = Carry(root, hidden, _placeholder(hidden), torch.tensor([len(request.input_ids)], device=device))
-        if any(o.tree is None for o in options):
-            self._compile_plain_step(sampling, cache, carry, stats, follower)
+        plain_to_compile = any(o.tree is None for o in options)
         carried = NOTHING_CARRIED  # the carry_kind of what `carry.drafted` holds
         probabilities = None  # of the next step's candidates, where the last step scored them
         clock = stats.phases or NO_CLOCK
@@ -484,6 +483,9 @@ class MedusaDecoder:
             race = exponential_race(options[index].tokens, vocab, sampling, generator, device)
             chain = lookup_chain(guess, lookup, device) if lookup else None
             clock.mark(HOST)
+            if plain_to_compile:  # with the first step, which compiles its own too
+                self._compile_plain_step(sampling, cache, carry, stats, follower)
+                plain_to_compile = False
             new, carry, probabilities = self._run_step(tree, drafter, sampling, acceptance, cache, carry, chain, race,
                                                        stats, follower)
             carried = NOTHING_CARRIED if drafter is None else drafter.carry_kind

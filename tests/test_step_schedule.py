@@ -92,6 +92,26 @@ def test_a_near_tie_between_trees_and_plain_steps_is_not_announced_at_every_flip
     assert 1 <= len(notices) <= 3  # ... but one line in NOTICE_GAP steps says so
 
 
+def test_the_notices_follow_the_steps_that_ran_not_the_estimate_without_candidates():
+    """Every step but each request's first has candidates that make the tree worth its cost, and it runs; the first
+    steps, estimated without candidates, accept nothing, which puts plain steps first in that estimate alone."""
+    notices = []
+    schedule = AdaptiveSchedule(options({9: 45.0, 1: 30.0}), costs_realised=True, log=notices.append)
+    stats, sizes = DecodeStats(), []
+    for step in range(3 * NOTICE_GAP):
+        first = step % 16 == 0
+        index = schedule.next(stats, None if first else [3.0, None])
+        size = schedule.options[index].tokens
+        schedule.observe(index, {9: 45.0, 1: 30.0}[size], 1 if first or size == 1 else 3)
+        sizes.append(size)
+    assert schedule.options[schedule.best()].tree is None and sizes.count(9) > 0.9 * len(sizes)
+    assert notices == []
+    for _ in range(2 * NOTICE_GAP):  # then the candidates stop paying: plain steps run, and that is said
+        index = schedule.next(stats, [1.1, None])
+        schedule.observe(index, {9: 45.0, 1: 30.0}[schedule.options[index].tokens], 1)
+    assert len(notices) == 1 and notices[0].startswith("Switching to plain decoding")
+
+
 def test_where_trees_never_pay_their_rechecks_grow_rare():
     slow_trees = {1: 20.0, 5: 80.0, 9: 120.0, 13: 160.0}  # a CPU without native bf16: k tokens cost ~k plain ones
     schedule = AdaptiveSchedule(options(slow_trees), costs_realised=True)

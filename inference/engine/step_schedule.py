@@ -38,6 +38,7 @@ MAX_RECHECK = 1024  # that does not bring trees back, up to this (so where trees
 PRIOR = 8.0  # accepted tokens' worth of belief in the heads' expectation before realised acceptance counts
 DECAY = 0.97  # per tree step, so acceptance follows the request
 NOTICE_GAP = 256  # steps at least between two lines about switching: a near tie flips the lead every few steps
+REGIME_WINDOW = 64  # the last steps the estimates chose, whose majority (plain or tree steps) the notices follow
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class AdaptiveSchedule:
         self.decided: int | None = None
         self.plain_run, self.recheck_every = 0, RECHECK
         self.plain_regime = options[0].tree is None  # whether plain steps lead on average (said when it changes)
+        self.chosen_plain: deque[bool] = deque(maxlen=REGIME_WINDOW)  # whether each of the last chosen steps was plain
         self.since_notice = NOTICE_GAP  # steps since the last line about it
 
     def _probe_order(self, known: dict[int, float] | None = None) -> deque[int]:
@@ -177,39 +179,39 @@ class AdaptiveSchedule:
         if self.probes:
             return self.probes[0]
         index = self.best(expected)
-        self._notice_regime()
         if self.options[index].tree is None:
             self.plain_run += 1
             if self.plain_run > self.recheck_every:
                 self.plain_run, self.recheck_every = 0, min(2 * self.recheck_every, MAX_RECHECK)
-                return self.best(expected, trees_only=True)
+                index = self.best(expected, trees_only=True)
+                self._notice_regime(index)
+                return index
         else:
             self.plain_run, self.recheck_every = 0, RECHECK
         if self.decided is not None and index != self.decided:
             stats.switches += 1
         self.decided = index
+        self._notice_regime(index)
         return index
 
-    def _notice_regime(self) -> None:
-        """One line when speculation stops paying on average (the estimates without any step's own candidates
-        put plain steps first) or starts again, at most one in NOTICE_GAP steps (the stats count every switch);
-        single plain steps of unpromising candidates say nothing."""
+    def _notice_regime(self, index: int) -> None:
+        """One line when most of the last REGIME_WINDOW chosen steps are plain where most were tree steps, or the
+        other way round, at most one in NOTICE_GAP steps (the stats count every switch). What ran counts: each
+        step's own candidates can make trees win most steps where the estimate without them puts plain steps
+        first, and single plain steps of unpromising candidates say nothing."""
+        self.chosen_plain.append(self.options[index].tree is None)
         self.since_notice += 1
-        if not self.log or self.since_notice < NOTICE_GAP:
+        if not self.log or self.since_notice < NOTICE_GAP or len(self.chosen_plain) < REGIME_WINDOW:
             return
-        plain = self.options[self.best()].tree is None
+        plain_steps = sum(self.chosen_plain)
+        plain = 2 * plain_steps > REGIME_WINDOW
         if plain != self.plain_regime:
             self.since_notice = 0
-            tree = self.best(trees_only=True)
-            medusa = f"{self.tokens_per_ms(tree) * 1000:.1f} tok/s with {self.options[tree].tokens}-token steps"
-            rate = f"{self.tokens_per_ms(self.plain_index) * 1000:.1f} tok/s plain"
-            self.log(f"Switching to plain decoding: realised {medusa} against {rate}" if plain else
-                     f"Back to Medusa decoding: {medusa} against {rate}")
+            self.log(f"Switching to plain decoding: {plain_steps} of the last {REGIME_WINDOW} steps were plain, "
+                     "the trees' candidates not worth their cost" if plain else
+                     f"Back to Medusa decoding: {REGIME_WINDOW - plain_steps} of the last {REGIME_WINDOW} steps "
+                     "ran the tree")
         self.plain_regime = plain
-
-    @property
-    def plain_index(self) -> int:
-        return next(i for i, o in enumerate(self.options) if o.tree is None)
 
     def observe(self, index: int, ms: float, tokens: int) -> None:
         """A step of option `index` took `ms` and emitted `tokens` (accepted + the base model's own)."""
